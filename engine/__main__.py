@@ -1,0 +1,57 @@
+"""CLI: python -m engine "prompt" [--temperature T ...] streams the answer as it is generated."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine", description="Stream a completion from InferLab's engine.")
+    ap.add_argument("prompt", help="the user message (or raw text with --raw)")
+    ap.add_argument("--model", default="bundled", help="'bundled', a local Hugging Face directory, or a hub id")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or mps")
+    ap.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    ap.add_argument("--system", default=None, help="system prompt for the chat template")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--min-p", type=float, default=0.0)
+    ap.add_argument("--repetition-penalty", type=float, default=1.0)
+    ap.add_argument("--frequency-penalty", type=float, default=0.0)
+    ap.add_argument("--presence-penalty", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    ap.add_argument("--stats", action="store_true", help="print TTFT, TPOT and the finish reason at the end")
+    args = ap.parse_args(argv)
+
+    from . import Engine, ModelLoadError, SamplingParams
+
+    try:
+        params = SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+            frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty, seed=args.seed,
+            stop=tuple(args.stop))
+        eng = Engine.from_pretrained(
+            args.model, device=args.device,
+            progress=lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr, flush=True))
+        rid = eng.add_request(args.prompt, params, chat=not args.raw, system=args.system)
+        for ev in eng._drive(rid):
+            if ev.emitted:
+                print(ev.emitted, end="", flush=True)
+        print()
+    except (ValueError, ModelLoadError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    if args.stats:
+        res = eng.result(rid)
+        print(f"[{len(res.token_ids)} tokens, finish: {res.finish_reason}, TTFT {res.ttft_s * 1e3:.0f} ms, "
+              f"TPOT {(res.tpot_s or 0) * 1e3:.1f} ms]", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,452 @@
+"""Engine: requests in, one scheduler step at a time, a StepEvent out.
+
+    eng = Engine.from_pretrained("bundled")
+    rid = eng.add_request("Что такое гравитация?", SamplingParams(max_tokens=32), chat=True)
+    event = eng.step()          # one prefill or decode step of every scheduled sequence
+
+`generate` and `stream` are loops over `step()` without instrumentation. The engine owns one KV pool; several
+engines (one per browser tab) can share one loaded model through `Engine.session()`.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from . import metrics
+from .events import CaptureData, SeqEvent, StepEvent
+from .kv_cache import BlockManager, kv_bytes_per_token, num_blocks_for_budget
+from .loader import LoadedModel, load
+from .model import Capture, KVStorage, Model, ModelSpec, SeqInput
+from .sampling import SamplingParams, sample, trace_chain
+from .scheduler import Scheduler, Sequence, Status
+from .tokenizer import IncrementalDetokenizer, render_prompt, token_bytes
+
+DEFAULT_KV_MEMORY = 256 * 1024 * 1024
+
+
+@dataclass
+class GenerationResult:
+    seq_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    num_cached_tokens: int = 0
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    events: list[StepEvent] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, model: Model, *, kv_memory: int = DEFAULT_KV_MEMORY,
+                 block_size: int = 16, max_num_batched_tokens: int = 512, max_num_seqs: int = 16,
+                 enable_prefix_caching: bool = True):
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive integer (got {block_size!r})")
+        if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be a positive integer (got {max_num_batched_tokens!r})")
+        self.loaded, self.model, self.spec = loaded, model, model.spec
+        self.tokenizer = loaded.tokenizer
+        self.model_id = loaded.model_id
+        self.device = str(model.device)
+        self.block_size = block_size
+        self.kv_bytes_per_token = kv_bytes_per_token(self.spec.num_layers, self.spec.num_kv_heads,
+                                                     self.spec.head_dim, model.head_t.element_size())
+        num_blocks = num_blocks_for_budget(kv_memory, block_size, self.kv_bytes_per_token)
+        self.kv = KVStorage(self.spec, num_blocks, block_size, model.dtype, model.device)
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, copy_block=self.kv.copy_block)
+        self.scheduler = Scheduler(self.blocks, max_num_batched_tokens, max_num_seqs)
+        self.max_model_len = model.max_model_len
+        self.sequences: dict[int, Sequence] = {}
+        self.instrument: Capture | None = None  # set to a Capture to record attention / lens / norms
+        self.capture_seq_ids: set[int] | None = None  # None: every scheduled sequence
+        self.step_index = 0
+        self.clock = 0.0  # engine time: the sum of step durations (idle time between manual steps excluded)
+        self._next_id = 0
+        self._lock = threading.RLock()
+        self.eos_ids = self._eos_ids()
+        self._settings = dict(kv_memory=kv_memory, block_size=block_size,
+                              max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                              enable_prefix_caching=enable_prefix_caching)
+
+    # ---- construction -----------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, source: str = "bundled", device: str = "cpu", dtype: torch.dtype | None = None,
+                        progress: Callable[[float, str], None] | None = None, **kwargs) -> "Engine":
+        device = _check_device(device)
+        if dtype is None:
+            # fp32 on CPU: bf16/fp16 matmuls there are many times slower, not faster.
+            dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        loaded = load(source, progress)
+        if progress:
+            progress(0.9, "Preparing weights for our forward pass")
+        model = Model(ModelSpec.from_config(loaded.config), loaded.state_dict, device=device, dtype=dtype)
+        loaded.state_dict = {}  # the model keeps its own re-laid-out copies
+        if progress:
+            progress(1.0, "Ready")
+        return cls(loaded, model, **kwargs)
+
+    def session(self, **overrides) -> "Engine":
+        """A new engine with its own KV pool and requests, sharing this one's weights."""
+        return Engine(self.loaded, self.model, **{**self._settings, **overrides})
+
+    def _eos_ids(self) -> set[int]:
+        ids = set()
+        for value in (getattr(self.loaded.config, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return ids
+
+    # ---- requests -------------------------------------------------------------------------------
+    def encode(self, prompt: str, chat: bool = True, system: str | None = None):
+        """The prompt as the model sees it (template applied when chat), with special-token spans."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("prompt must not be empty")
+        return render_prompt(self.tokenizer, prompt, chat=chat, system=system)
+
+    def add_request(self, prompt: str | None = None, params: SamplingParams | None = None, chat: bool = True,
+                    system: str | None = None, prompt_ids: list[int] | None = None) -> int:
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params must be a SamplingParams")
+        params.validate()
+        if prompt_ids is None:
+            rendered = self.encode(prompt, chat=chat, system=system)
+            prompt_ids, text = list(rendered.token_ids), rendered.text
+        else:
+            prompt_ids, text = [int(t) for t in prompt_ids], prompt or ""
+            if not prompt_ids:
+                raise ValueError("prompt must not be empty")
+            bad = [t for t in prompt_ids if not 0 <= t < self.spec.vocab_size]
+            if bad:
+                raise ValueError(f"prompt_ids contains ids outside the vocabulary: {bad[:5]}")
+        self._check_fits(len(prompt_ids), params)
+        with self._lock:
+            seq = Sequence(self._new_id(), prompt_ids, params, arrival=self.clock, prompt_text=text)
+            self._start(seq)
+            self.scheduler.add(seq)
+            return seq.seq_id
+
+    def _check_fits(self, prompt_len: int, params: SamplingParams) -> None:
+        if prompt_len >= self.max_model_len:
+            raise ValueError(f"prompt is {prompt_len} tokens, beyond the model's context of "
+                             f"{self.max_model_len} tokens (one position must stay free to generate)")
+        longest = min(prompt_len + params.max_tokens, self.max_model_len)
+        need, have = self.blocks.blocks_needed(longest), self.blocks.num_blocks
+        if need > have:
+            raise ValueError(f"kv_memory: this request needs up to {need} KV blocks ({longest} tokens) but the "
+                             f"pool holds {have}; lower max_tokens or give the engine more kv_memory")
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    def _start(self, seq: Sequence) -> None:
+        seed = seq.params.seed if seq.params.seed is not None else random.randrange(2**63)
+        seq.generator = torch.Generator().manual_seed(seed)
+        seq.detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, stop=seq.params.stop)
+        for t in seq.output_ids:  # a branch replays the tokens it inherits
+            seq.detok.push(t)
+        self.sequences[seq.seq_id] = seq
+
+    def abort(self, seq_id: int) -> None:
+        with self._lock:
+            seq = self._get(seq_id)
+            if seq.status is not Status.FINISHED:
+                self._finish(seq, "abort")
+
+    def force_token(self, seq_id: int, token_id: int) -> None:
+        """Make the next token sampled for this sequence `token_id` (its sampling chain is still shown)."""
+        seq = self._get(seq_id)
+        if not isinstance(token_id, int) or not 0 <= token_id < self.spec.vocab_size:
+            raise ValueError(f"token_id must be in [0, {self.spec.vocab_size}) (got {token_id!r})")
+        if seq.status is Status.FINISHED:
+            raise ValueError(f"sequence {seq_id} has finished; rewind or branch it first")
+        seq.forced_token = token_id
+
+    def rewind(self, seq_id: int, num_output_tokens: int) -> None:
+        """Drop generated tokens after the first `num_output_tokens`; their KV slots are released."""
+        with self._lock:
+            seq = self._get(seq_id)
+            self._check_position(seq, num_output_tokens)
+            seq.output_ids = seq.output_ids[:num_output_tokens]
+            seq.forced_token = None
+            seq.finish_reason = None
+            seq.token_times = seq.token_times[:num_output_tokens]
+            seq.detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, stop=seq.params.stop)
+            for t in seq.output_ids:
+                seq.detok.push(t)
+            if seq.status is Status.RUNNING:
+                seq.num_computed = min(seq.num_computed, seq.num_tokens - 1)
+                self.blocks.truncate(seq_id, seq.num_computed)
+            elif seq.status is Status.FINISHED:
+                seq.status, seq.num_computed = Status.WAITING, 0
+                self.scheduler.add(seq)
+
+    def branch(self, seq_id: int, num_output_tokens: int, params: SamplingParams | None = None) -> int:
+        """A new sequence that shares the first `num_output_tokens` outputs (and their KV blocks)."""
+        with self._lock:
+            parent = self._get(seq_id)
+            self._check_position(parent, num_output_tokens)
+            params = params or parent.params
+            params.validate()
+            child = Sequence(self._new_id(), list(parent.prompt_ids), params, arrival=self.clock,
+                             output_ids=parent.output_ids[:num_output_tokens], prompt_text=parent.prompt_text,
+                             parent_id=seq_id)
+            self._start(child)
+            if parent.status is Status.RUNNING and parent.seq_id in self.blocks.block_tables:
+                child.num_computed = min(parent.num_computed, child.num_tokens - 1)
+                self.blocks.fork(parent.seq_id, child.seq_id, child.num_computed)
+                child.status = Status.RUNNING
+                self.scheduler.running.append(child)
+            else:
+                self.scheduler.add(child)
+            return child.seq_id
+
+    def _check_position(self, seq: Sequence, n: int) -> None:
+        if not isinstance(n, int) or not 0 <= n <= len(seq.output_ids):
+            raise ValueError(f"position must be between 0 and {len(seq.output_ids)} (got {n!r})")
+
+    def _get(self, seq_id: int) -> Sequence:
+        if seq_id not in self.sequences:
+            raise ValueError(f"unknown sequence id {seq_id!r}")
+        return self.sequences[seq_id]
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def what_if(self, seq_id: int, params: SamplingParams, top_n: int = 20) -> dict:
+        """Recompute the last step's sampling chain of `seq_id` with other parameters, no model rerun.
+
+        Uses the logits and the random draw u of that step, so only the parameters differ.
+        """
+        params.validate()
+        seq = self._get(seq_id)
+        cached = seq.last_sampling
+        if cached is None:
+            raise ValueError(f"sequence {seq_id} has not sampled a token in a traced step yet")
+        logits, prompt_ids, output_ids, u = cached
+        trace = trace_chain(logits, params, prompt_ids, output_ids, u, top_n=top_n)
+        trace.token_texts = [self.token_text(t) for t in trace.token_ids]
+        return trace.to_dict()
+
+    def token_text(self, token_id: int) -> str:
+        return token_bytes(self.tokenizer, int(token_id)).decode("utf-8", errors="replace")
+
+    # ---- the step ---------------------------------------------------------------------------------
+    def step(self, trace: bool = True) -> StepEvent:
+        """One scheduler step. `trace` keeps the sampling chain of every sampled token in the event."""
+        with self._lock:
+            return self._step(trace=trace, capture=self.instrument)
+
+    def _step(self, trace: bool, capture: Capture | None) -> StepEvent:
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        plan = out.scheduled
+        inputs, seq_events = [], []
+        for item in plan:
+            seq = item.seq
+            start = seq.num_computed
+            ids = seq.token_ids[start : start + item.num_new]
+            table = self.blocks.block_tables[seq.seq_id]
+            slots = _slots(table, self.block_size, start + item.num_new)
+            inputs.append(SeqInput(ids, start, slots, logits_rows=1 if item.samples else 0))
+            seq_events.append(SeqEvent(
+                seq_id=seq.seq_id, phase="decode" if item.num_new == 1 and seq.output_ids and start == seq.num_tokens - 1
+                else "prefill",
+                chunk_start=start, num_processed=item.num_new, processed_ids=list(ids),
+                num_cached_tokens=seq.num_cached_tokens if item.admitted else 0,
+                prompt_len=len(seq.prompt_ids), num_tokens=seq.num_tokens))
+
+        caps = {}
+        t1 = time.perf_counter()
+        if inputs:
+            want = None
+            if capture is not None and self.capture_seq_ids is not None:
+                want = {i for i, item in enumerate(plan) if item.seq.seq_id in self.capture_seq_ids}
+            logits, caps = self.model.forward(inputs, self.kv, capture, want)
+        t2 = time.perf_counter()
+
+        finished, row = [], 0
+        for i, (item, ev) in enumerate(zip(plan, seq_events)):
+            seq = item.seq
+            samples = item.samples  # decided before num_computed moves
+            seq.num_computed += item.num_new
+            self.blocks.mark_computed(seq.seq_id, seq.token_ids[: seq.num_computed])
+            if samples:
+                self._sample(seq, logits[row], ev, trace)
+                row += 1
+                if seq.status is Status.FINISHED:
+                    finished.append(seq.seq_id)
+            if i in caps:
+                ev.capture = self._capture_data(caps[i], inputs[i], capture)
+        t3 = time.perf_counter()
+
+        step_s = t3 - t0
+        self.clock += step_s
+        for ev in seq_events:
+            seq = self.sequences[ev.seq_id]
+            if ev.new_token is not None:
+                self._stamp_time(seq, ev)
+            ev.block_table = list(self.blocks.block_tables.get(ev.seq_id, []))
+            ev.num_tokens = seq.num_tokens
+        event = self._event(seq_events, plan, out.preempted, finished, inputs,
+                            dict(schedule_ms=(t1 - t0) * 1e3, forward_ms=(t2 - t1) * 1e3,
+                                 sample_ms=(t3 - t2) * 1e3, step_ms=step_s * 1e3, engine_clock_s=self.clock))
+        self.step_index += 1
+        return event
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor, ev: SeqEvent, trace: bool) -> None:
+        prompt_ids, output_ids = seq.prompt_ids, list(seq.output_ids)
+        token, tr = sample(logits, seq.params, prompt_ids, output_ids, seq.generator, trace=trace)
+        if tr is not None:
+            tr.token_texts = [self.token_text(t) for t in tr.token_ids]
+            seq.last_sampling = (logits.clone(), prompt_ids, output_ids, tr.u)
+            ev.sampling = tr.to_dict()
+        if seq.forced_token is not None:
+            token, ev.forced, seq.forced_token = seq.forced_token, True, None
+        seq.output_ids.append(token)
+        ev.new_token, ev.new_token_text = token, self.token_text(token)
+        if token in self.eos_ids and not seq.params.ignore_eos:
+            step = seq.detok.push(token)
+            ev.detok = step.to_dict()
+            ev.emitted = step.emitted + seq.detok.finish()
+            self._finish(seq, "eos")
+        else:
+            step = seq.detok.push(token)
+            ev.detok, ev.emitted = step.to_dict(), step.emitted
+            if step.stop is not None:
+                self._finish(seq, "stop")
+            elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+                ev.emitted += seq.detok.finish()
+                self._finish(seq, "length")
+        ev.finished, ev.finish_reason = seq.status is Status.FINISHED, seq.finish_reason
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+        self.scheduler.remove(seq)
+
+    def _stamp_time(self, seq: Sequence, ev: SeqEvent) -> None:
+        now = self.clock
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            ev.ttft_s = now - seq.arrival
+        elif seq.last_token_time is not None:
+            ev.itl_s = now - seq.last_token_time
+        seq.last_token_time = now
+        seq.token_times.append(now)
+
+    def _capture_data(self, cap, inp: SeqInput, capture: Capture) -> CaptureData:
+        lens_tokens = None
+        if cap.lens_ids is not None:
+            lens_tokens = [[[self.token_text(t) for t in pos] for pos in layer] for layer in cap.lens_ids.tolist()]
+        return CaptureData(
+            positions=list(range(inp.start_pos, inp.start_pos + len(inp.token_ids))),
+            attention=cap.attention, attention_heads=capture.attention_heads,
+            lens_positions=cap.lens_positions, lens_ids=cap.lens_ids, lens_tokens=lens_tokens,
+            lens_probs=cap.lens_probs, residual_norms=cap.residual_norms, embeddings=cap.embeddings)
+
+    def _event(self, seq_events, plan, preempted, finished, inputs, timing) -> StepEvent:
+        m = self.model
+        cost = metrics.step_cost(
+            m.weight_bytes_per_step if inputs else 0, m.params_per_token, m.head_t.numel(), self.kv_bytes_per_token,
+            [(s.start_pos, len(s.token_ids), s.logits_rows) for s in inputs],
+            self.spec.num_layers, self.spec.num_heads, self.spec.head_dim)
+        return StepEvent(
+            step=self.step_index, seqs=seq_events,
+            admitted=[p.seq.seq_id for p in plan if p.admitted], preempted=list(preempted), finished=finished,
+            waiting=[s.seq_id for s in self.scheduler.waiting], running=[s.seq_id for s in self.scheduler.running],
+            kv=self.kv_stats(), blocks=self.blocks.block_states(),
+            block_tables={k: list(v) for k, v in self.blocks.block_tables.items()},
+            timing=timing, cost=cost, model={"id": self.model_id, "device": self.device})
+
+    def kv_stats(self) -> dict:
+        stats = dict(self.blocks.stats())
+        bpt = self.kv_bytes_per_token
+        live = [self.sequences[s.seq_id] for s in self.scheduler.running]
+        held_tokens = sum(len(self.blocks.block_tables.get(s.seq_id, ())) for s in live) * self.block_size
+        used_tokens = sum(s.num_tokens for s in live)
+        naive_tokens = sum(min(s.max_len, self.max_model_len) for s in live)
+        stats.update(
+            bytes_per_token=bpt, block_bytes=bpt * self.block_size, pool_bytes=self.kv.nbytes,
+            used_bytes=stats["used"] * bpt * self.block_size, cached_bytes=stats["cached"] * bpt * self.block_size,
+            free_bytes=stats["free"] * bpt * self.block_size,
+            paged_waste_tokens=held_tokens - used_tokens, naive_reserved_tokens=naive_tokens,
+            naive_waste_tokens=naive_tokens - used_tokens, preemptions=self.scheduler.num_preemptions,
+            formula=dict(layers=self.spec.num_layers, kv_heads=self.spec.num_kv_heads, head_dim=self.spec.head_dim,
+                         bytes_per_elem=self.model.head_t.element_size()))
+        return stats
+
+    # ---- convenience loops ----------------------------------------------------------------------
+    def generate(self, prompt: str, params: SamplingParams | None = None, chat: bool = True,
+                 system: str | None = None) -> GenerationResult:
+        rid = self.add_request(prompt, params, chat=chat, system=system)
+        for _ in self._drive(rid):
+            pass
+        return self.result(rid)
+
+    def stream(self, prompt: str, params: SamplingParams | None = None, chat: bool = True,
+               system: str | None = None) -> Iterator[str]:
+        rid = self.add_request(prompt, params, chat=chat, system=system)
+        for ev in self._drive(rid):
+            if ev.emitted:
+                yield ev.emitted
+
+    def _drive(self, rid: int) -> Iterator[SeqEvent]:
+        seq = self.sequences[rid]
+        try:
+            while seq.status is not Status.FINISHED:
+                with self._lock:
+                    event = self._step(trace=False, capture=None)
+                ev = event.seq(rid)
+                if ev is not None:
+                    yield ev
+        finally:
+            if seq.status is not Status.FINISHED:  # the caller stopped iterating: free the KV
+                self.abort(rid)
+
+    def result(self, seq_id: int) -> GenerationResult:
+        seq = self._get(seq_id)
+        n = len(seq.output_ids)
+        tpot = None
+        if n > 1 and seq.first_token_time is not None:
+            tpot = (seq.last_token_time - seq.first_token_time) / (n - 1)
+        return GenerationResult(
+            seq_id=seq_id, prompt_token_ids=list(seq.prompt_ids), token_ids=list(seq.output_ids),
+            text=seq.detok.text, finish_reason=seq.finish_reason, num_cached_tokens=seq.num_cached_tokens,
+            ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival, tpot_s=tpot)
+
+    def run_until_done(self, trace: bool = False) -> list[StepEvent]:
+        events = []
+        while self.has_unfinished():
+            with self._lock:
+                events.append(self._step(trace=trace, capture=self.instrument))
+        return events
+
+
+def _slots(table: list[int], block_size: int, length: int) -> torch.Tensor:
+    blocks = torch.tensor(table, dtype=torch.long)
+    slots = (blocks.unsqueeze(1) * block_size + torch.arange(block_size)).view(-1)
+    return slots[:length]
+
+
+def _check_device(device: str) -> str:
+    device = str(device)
+    if device == "cpu":
+        return device
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was asked for but no CUDA GPU is available; use --device cpu")
+        return device
+    if device == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError("device 'mps' was asked for but Apple MPS is not available; use --device cpu")
+        return device
+    raise ValueError(f"device must be cpu, cuda or mps (got {device!r})")

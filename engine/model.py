@@ -1,0 +1,361 @@
+"""Our own Llama-family forward pass in plain PyTorch, reading K/V from the paged pool.
+
+One forward call processes a *flat batch*: the new tokens of several sequences concatenated (prefill chunks
+and single decode tokens mixed). Projections and the MLP run once over all rows; attention runs per sequence
+(or as one padded call when every sequence decodes a single token), gathering each sequence's K/V from the
+pool through its slots (block table → physical slots, computed by the scheduler).
+
+Weights are re-laid out once at load: q/k/v fused into one matrix and gate/up into another, all transposed to
+[in, out] and contiguous, because `x @ W_t` on a contiguous [in, out] matrix reads memory about twice as fast
+on CPU as `F.linear(x, W)` (measured, see DESIGN.md) and batch-1 decode is purely memory-bound.
+
+Instrumentation (attention probabilities, logit lens, residual norms, embeddings) is computed only when a
+`Capture` is passed; without it the hot path is untouched.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    sliding_window: int | None
+
+    @classmethod
+    def from_config(cls, config) -> "ModelSpec":
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        rope = dict(getattr(config, "rope_parameters", None) or {})
+        legacy = getattr(config, "rope_scaling", None)
+        if legacy and not rope.get("rope_type"):
+            rope.update(legacy)
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "llama3"):
+            from .loader import ModelLoadError
+
+            raise ModelLoadError(f"RoPE type {rope_type!r} is not supported (default and llama3 are)")
+        window = getattr(config, "sliding_window", None)
+        if config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False):
+            window = None
+        return cls(
+            model_type=config.model_type,
+            num_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            intermediate_size=config.intermediate_size,
+            vocab_size=config.vocab_size,
+            rms_norm_eps=float(config.rms_norm_eps),
+            rope_theta=float(theta),
+            rope_scaling=rope if rope_type == "llama3" else None,
+            max_position=int(getattr(config, "max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+            sliding_window=window,
+        )
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """Inverse frequencies θ^(-2i/d), with Llama 3's piecewise rescaling when configured."""
+    dim = spec.head_dim
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    s = spec.rope_scaling
+    if s:
+        # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+        factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+        old_len = s["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = torch.where(medium, blended, scaled)
+    return inv_freq
+
+
+@dataclass
+class Capture:
+    """What to record during one forward. Only rows of sequences listed in `seq_indices` (None = all)."""
+
+    attention_layers: list[int] | None = None  # None: every layer
+    attention_heads: list[int] | None = None  # None: every head
+    attention: bool = True
+    logit_lens: bool = True
+    lens_top_k: int = 5
+    lens_max_positions: int = 8  # the lens over a long prefill would cost L×T head matmuls: keep the tail
+    residual_norms: bool = True
+    embeddings: bool = True
+
+
+@dataclass
+class SeqCapture:
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [heads, q_len, ctx]
+    lens_positions: list[int] = field(default_factory=list)  # absolute positions covered by the lens
+    lens_ids: torch.Tensor | None = None  # [layers, positions, k]
+    lens_probs: torch.Tensor | None = None  # [layers, positions, k]
+    residual_norms: torch.Tensor | None = None  # [layers + 1, q_len]: after embedding, after each layer
+    embeddings: torch.Tensor | None = None  # [q_len, hidden]
+
+
+@dataclass
+class SeqInput:
+    """One sequence's part of a flat batch."""
+
+    token_ids: list[int]  # new tokens whose K/V this forward writes
+    start_pos: int  # absolute position of token_ids[0]
+    slots: torch.Tensor  # int64 [start_pos + len(token_ids)]: physical slots of the whole context
+    logits_rows: int = 1  # how many trailing rows need logits (1 for sampling, k+1 for verification)
+
+
+class KVStorage:
+    """The physical K/V pool: one [slots, kv_heads, head_dim] tensor per layer for K and for V."""
+
+    def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int, dtype, device):
+        shape = (spec.num_layers, num_blocks * block_size, spec.num_kv_heads, spec.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.block_size = block_size
+
+    def copy_block(self, src: int, dst: int) -> None:
+        bs = self.block_size
+        self.k[:, dst * bs : (dst + 1) * bs] = self.k[:, src * bs : (src + 1) * bs]
+        self.v[:, dst * bs : (dst + 1) * bs] = self.v[:, src * bs : (src + 1) * bs]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+
+class Model:
+    def __init__(self, spec: ModelSpec, state: dict[str, torch.Tensor], device="cpu", dtype=torch.float32):
+        self.spec, self.device, self.dtype = spec, torch.device(device), dtype
+        H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
+
+        def w(name):
+            return state[name].to(device=self.device, dtype=dtype)
+
+        def t(x):  # [out, in] -> contiguous [in, out]
+            return x.t().contiguous()
+
+        self.embed = w("model.embed_tokens.weight")
+        head = self.embed if spec.tie_word_embeddings or "lm_head.weight" not in state else w("lm_head.weight")
+        self.head_t = t(head)
+        self.final_norm = w("model.norm.weight")
+        self.layers = []
+        for i in range(spec.num_layers):
+            p = f"model.layers.{i}."
+            qkv = torch.cat([w(p + "self_attn.q_proj.weight"), w(p + "self_attn.k_proj.weight"),
+                             w(p + "self_attn.v_proj.weight")])
+            bias = None
+            if spec.qkv_bias:
+                bias = torch.cat([w(p + "self_attn.q_proj.bias"), w(p + "self_attn.k_proj.bias"),
+                                  w(p + "self_attn.v_proj.bias")])
+            gate_up = torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")])
+            self.layers.append(dict(
+                in_norm=w(p + "input_layernorm.weight"), post_norm=w(p + "post_attention_layernorm.weight"),
+                qkv_t=t(qkv), qkv_bias=bias, o_t=t(w(p + "self_attn.o_proj.weight")),
+                gate_up_t=t(gate_up), down_t=t(w(p + "mlp.down_proj.weight")),
+            ))
+        self.q_size, self.kv_size = H * D, KV * D
+        self.scale = 1.0 / math.sqrt(D)
+        max_pos = spec.max_position if spec.sliding_window is None else min(spec.max_position, spec.sliding_window)
+        self.max_model_len = max_pos
+        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), rope_inv_freq(spec))
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = emb.cos().to(device=self.device, dtype=dtype)
+        self.sin = emb.sin().to(device=self.device, dtype=dtype)
+
+    # ---- sizes used by metrics -------------------------------------------------------------
+    @property
+    def weight_bytes_per_step(self) -> int:
+        """Bytes of weights one forward must read: every layer matrix, the norms and the head once."""
+        n = self.head_t.numel() + self.final_norm.numel()
+        for layer in self.layers:
+            n += sum(v.numel() for v in layer.values() if v is not None)
+        return n * self.head_t.element_size()
+
+    @property
+    def params_per_token(self) -> int:
+        """Multiply-accumulates per token in the matmuls (FLOPs = 2 × this), head included."""
+        n = self.head_t.numel()
+        for layer in self.layers:
+            n += layer["qkv_t"].numel() + layer["o_t"].numel() + layer["gate_up_t"].numel() + layer["down_t"].numel()
+        return n
+
+    # ---- building blocks ----------------------------------------------------------------------
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
+        return weight * xf.to(x.dtype)
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [N, heads, D]; cos/sin: [N, 1, D]. Rotate-half convention, as in the HF checkpoints.
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return (self.rms_norm(hidden, self.final_norm) @ self.head_t).float()
+
+    # ---- the forward --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, seqs: list[SeqInput], kv: KVStorage, capture: Capture | None = None,
+                capture_seqs: set[int] | None = None):
+        """Run the new tokens of `seqs`; write their K/V into `kv`; return (logits rows, captures).
+
+        logits: float32 [sum(logits_rows), vocab] in sequence order. captures: {seq index: SeqCapture}.
+        """
+        spec, dev = self.spec, self.device
+        H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long, device=dev)
+        lens = [len(s.token_ids) for s in seqs]
+        positions = torch.cat([torch.arange(s.start_pos, s.start_pos + n) for s, n in zip(seqs, lens)]).to(dev)
+        new_slots = torch.cat([s.slots[s.start_pos:] for s in seqs]).to(dev)
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        decode_only = all(n == 1 for n in lens) and len(seqs) > 1
+        offsets = [0]
+        for n in lens:
+            offsets.append(offsets[-1] + n)
+
+        caps: dict[int, SeqCapture] = {}
+        want = set(range(len(seqs))) if capture_seqs is None else capture_seqs
+        if capture is not None:
+            caps = {i: SeqCapture() for i in want}
+        attn_layers = set(range(spec.num_layers)) if capture is None or capture.attention_layers is None \
+            else set(capture.attention_layers)
+
+        decode_ctx = None
+        if decode_only:
+            decode_ctx = self._padded_context(seqs)
+
+        x = self.embed[ids]
+        residuals = [x] if capture is not None and (capture.residual_norms or capture.logit_lens) else None
+        if capture is not None and capture.embeddings:
+            for i, c in caps.items():
+                c.embeddings = x[offsets[i]:offsets[i + 1]].float().clone()
+
+        for li, layer in enumerate(self.layers):
+            h = self.rms_norm(x, layer["in_norm"])
+            qkv = h @ layer["qkv_t"]
+            if layer["qkv_bias"] is not None:
+                qkv = qkv + layer["qkv_bias"]
+            q = qkv[:, : self.q_size].view(-1, H, D)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(-1, KV, D)
+            v = qkv[:, self.q_size + self.kv_size :].view(-1, KV, D)
+            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+            kv.k[li].index_copy_(0, new_slots, k)
+            kv.v[li].index_copy_(0, new_slots, v)
+            record = capture is not None and capture.attention and li in attn_layers
+            if decode_ctx is not None and not record:
+                out = self._attend_decode(q, kv, li, decode_ctx)
+            else:
+                outs = []
+                for si, s in enumerate(seqs):
+                    qs = q[offsets[si]:offsets[si + 1]]
+                    probs_out = caps[si] if record and si in caps else None
+                    outs.append(self._attend_seq(qs, s, kv, li, probs_out, capture))
+                out = torch.cat(outs) if len(outs) > 1 else outs[0]
+            x = x + out.reshape(-1, H * D) @ layer["o_t"]
+            h = self.rms_norm(x, layer["post_norm"])
+            gu = h @ layer["gate_up_t"]
+            inter = spec.intermediate_size
+            x = x + (F.silu(gu[:, :inter]) * gu[:, inter:]) @ layer["down_t"]
+            if residuals is not None:
+                residuals.append(x)
+
+        rows = torch.cat([torch.arange(offsets[i + 1] - s.logits_rows, offsets[i + 1])
+                          for i, s in enumerate(seqs)]).to(dev)
+        logits = self.logits(x[rows])
+        if capture is not None:
+            self._finish_capture(caps, residuals, seqs, offsets, capture)
+        return logits, caps
+
+    def _padded_context(self, seqs: list[SeqInput]):
+        """Slots of every sequence padded to the longest context, and the mask hiding the padding."""
+        ctx = [s.start_pos + 1 for s in seqs]
+        tmax = max(ctx)
+        slots = torch.zeros(len(seqs), tmax, dtype=torch.long)
+        mask = torch.zeros(len(seqs), 1, 1, tmax, dtype=torch.bool)
+        for i, s in enumerate(seqs):
+            slots[i, : ctx[i]] = s.slots[: ctx[i]]
+            mask[i, ..., : ctx[i]] = True
+        return slots.to(self.device), mask.to(self.device)
+
+    def _attend_decode(self, q, kv: KVStorage, li: int, decode_ctx):
+        slots, mask = decode_ctx
+        B, T = slots.shape
+        k = kv.k[li][slots.view(-1)].view(B, T, -1, self.spec.head_dim).transpose(1, 2)
+        v = kv.v[li][slots.view(-1)].view(B, T, -1, self.spec.head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, enable_gqa=True)
+        return out.squeeze(2)  # [B, H, D]
+
+    def _attend_seq(self, q, s: SeqInput, kv: KVStorage, li: int, cap: SeqCapture | None, capture):
+        """Causal attention of one sequence's new queries over its whole context, read via its slots."""
+        n, ctx = q.shape[0], s.start_pos + q.shape[0]
+        slots = s.slots[:ctx].to(self.device)
+        k = kv.k[li][slots].transpose(0, 1)  # [KV, ctx, D]
+        v = kv.v[li][slots].transpose(0, 1)
+        qh = q.transpose(0, 1)  # [H, n, D]
+        mask = None
+        if n > 1:
+            # query i sits at position start_pos + i and may see keys 0..start_pos + i
+            qpos = torch.arange(s.start_pos, ctx, device=self.device).unsqueeze(1)
+            mask = torch.arange(ctx, device=self.device).unsqueeze(0) <= qpos
+        if cap is None:
+            out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, enable_gqa=True)
+            return out.transpose(0, 1)
+        group = self.spec.num_heads // self.spec.num_kv_heads
+        kf, vf = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        scores = (qh @ kf.transpose(1, 2)) * self.scale
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        heads = capture.attention_heads
+        kept = probs if heads is None else probs[heads]
+        cap.attention[li] = kept.float().clone()
+        return (probs @ vf).transpose(0, 1)
+
+    def _finish_capture(self, caps, residuals, seqs, offsets, capture: Capture):
+        if not caps or residuals is None:
+            return
+        stacked = torch.stack(residuals)  # [L+1, N, hidden]
+        for i, c in caps.items():
+            part = stacked[:, offsets[i]:offsets[i + 1]]
+            if capture.residual_norms:
+                c.residual_norms = part.float().norm(dim=-1)
+            if capture.logit_lens:
+                n = part.shape[1]
+                keep = min(n, capture.lens_max_positions)
+                tail = part[1:, n - keep:]  # after each layer; the last layer's lens equals the real logits
+                L = tail.shape[0]
+                lens_logits = self.logits(tail.reshape(L * keep, -1))
+                probs = torch.softmax(lens_logits, dim=-1)
+                top = probs.topk(capture.lens_top_k, dim=-1)
+                c.lens_ids = top.indices.view(L, keep, -1)
+                c.lens_probs = top.values.view(L, keep, -1)
+                start = seqs[i].start_pos
+                c.lens_positions = list(range(start + n - keep, start + n))

@@ -1,0 +1,152 @@
+"""Requests and the step scheduler: continuous batching, chunked prefill, preemption by recompute.
+
+Each step gets a token budget. Running sequences go first (a decode needs one token, an unfinished prefill
+its next chunk); when the pool has no block for a running sequence, the newest running sequence is preempted:
+its blocks are freed and it waits at the head of the queue to be recomputed later (its prefix blocks may still
+be in the cache then). Waiting requests are admitted in arrival order while the budget and the pool allow;
+a prompt longer than the remaining budget is prefilled in chunks over several steps. Sequences join and
+leave between steps, which is all that "continuous batching" means.
+"""
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from .kv_cache import BlockManager
+from .sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival: float  # engine clock at add_request
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    num_computed: int = 0  # tokens whose K/V are in the pool
+    num_cached_tokens: int = 0  # prefix hit at the last admission
+    finish_reason: str | None = None
+    generator: torch.Generator | None = None
+    detok: object = None  # engine.tokenizer.IncrementalDetokenizer
+    forced_token: int | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    prompt_text: str = ""
+    preemptions: int = 0
+    parent_id: int | None = None
+    last_sampling: tuple | None = None  # (logits, prompt_ids, output_ids, u) of the last traced draw
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def max_len(self) -> int:
+        """What a naive allocator would reserve up front: the prompt plus every token it may generate."""
+        return len(self.prompt_ids) + self.params.max_tokens
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new: int  # tokens processed this step, from seq.num_computed
+    admitted: bool = False
+
+    @property
+    def samples(self) -> bool:
+        """A token is sampled when this chunk reaches the end of the sequence."""
+        return self.seq.num_computed + self.num_new == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq]
+    preempted: list[int]
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_num_batched_tokens: int = 512, max_num_seqs: int = 16):
+        self.blocks = blocks
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out of the queues and free its blocks (finish or abort)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.seq_id in self.blocks.block_tables:
+            self.blocks.free(seq.seq_id)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq.seq_id)
+        seq.status = Status.WAITING
+        seq.num_computed = 0
+        seq.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        preempted: list[int] = []
+
+        # 1. running sequences, oldest first; make room by preempting the newest
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            target = seq.num_computed + n
+            while not self.blocks.can_append(seq.seq_id, target):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim.seq_id)
+                if victim is seq:
+                    break
+            if seq.status is not Status.RUNNING:
+                break  # it preempted itself: everything after it is gone too
+            self.blocks.append(seq.seq_id, target)
+            scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+            i += 1
+
+        # 2. waiting requests in arrival order, while budget, seats and blocks allow
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            if not self.blocks.can_allocate(seq.token_ids):
+                break
+            self.waiting.popleft()
+            seq.num_cached_tokens = self.blocks.allocate(seq.seq_id, seq.token_ids)
+            seq.num_computed = seq.num_cached_tokens
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            scheduled.append(ScheduledSeq(seq, n, admitted=True))
+            budget -= n
+        return SchedulerOutput(scheduled, preempted)

@@ -1,0 +1,218 @@
+"""Engine-level behaviour: continuous batching, preemption, the public API, events."""
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine import Capture, SamplingParams
+
+QUESTIONS = [
+    "Hi!",
+    "Что такое гравитация?",
+    "Name three planets.",
+    "Write a haiku about the sea, please, in English.",
+    "What is 2 + 2?",
+    "Explain photosynthesis in simple words for a child who is seven years old and likes plants.",
+    "日本の首都はどこですか？",
+    "def add(a, b):",
+]
+
+
+def greedy(n):
+    return SamplingParams(max_tokens=n, temperature=0.0)
+
+
+def check_pool(eng):
+    """Refcount of every block == number of table entries pointing at it; nothing leaked."""
+    counts = {}
+    for table in eng.blocks.block_tables.values():
+        for b in table:
+            counts[b] = counts.get(b, 0) + 1
+    for b in range(eng.blocks.num_blocks):
+        assert eng.blocks.refcount(b) == counts.get(b, 0), f"block {b}"
+    s = eng.blocks.stats()
+    assert s["used"] + s["cached"] + s["free"] == eng.blocks.num_blocks
+    live = {s.seq_id for s in eng.scheduler.running}
+    assert set(eng.blocks.block_tables) == live
+
+
+@pytest.fixture(scope="module")
+def sequential_outputs(base_engine):
+    eng = base_engine.session()
+    lengths = [12, 30, 20, 40, 8, 24, 16, 36]
+    return lengths, [eng.generate(q, greedy(n)).token_ids for q, n in zip(QUESTIONS, lengths)]
+
+
+def run_concurrent(eng, lengths):
+    ids = [eng.add_request(q, greedy(n)) for q, n in zip(QUESTIONS, lengths)]
+    events = []
+    while eng.has_unfinished():
+        events.append(eng.step(trace=False))
+        check_pool(eng)
+    return [eng.result(i).token_ids for i in ids], events
+
+
+def test_eight_concurrent_requests_match_one_at_a_time(base_engine, sequential_outputs):
+    lengths, expected = sequential_outputs
+    eng = base_engine.session()
+    outputs, events = run_concurrent(eng, lengths)
+    assert outputs == expected
+    assert max(len(e.seqs) for e in events) == 8  # really batched
+    # continuous batching: short requests left while long ones were still decoding
+    assert any(e.finished and e.running for e in events)
+    assert eng.blocks.stats()["used"] == 0
+
+
+def test_preemption_under_a_tiny_pool_keeps_outputs(base_engine, sequential_outputs):
+    lengths, expected = sequential_outputs
+    # 12 blocks of 16 tokens: the eight prompts (~30-50 tokens each with the template) cannot all fit
+    eng = base_engine.session(kv_memory=12 * 16 * base_engine.kv_bytes_per_token)
+    outputs, events = run_concurrent(eng, lengths)
+    assert sum(len(e.preempted) for e in events) > 0
+    assert outputs == expected
+    assert eng.blocks.stats()["used"] == 0
+
+
+def test_stream_equals_generate_text(engine):
+    p = SamplingParams(max_tokens=40, temperature=0.8, top_p=0.9, seed=7)
+    text = engine.generate("Что такое гравитация?", p).text
+    assert "".join(engine.stream("Что такое гравитация?", p)) == text
+    assert "\ufffd" not in text
+
+
+def test_seeded_sampling_reproduces(engine):
+    p = SamplingParams(max_tokens=24, temperature=1.0, top_k=50, seed=123)
+    a = engine.generate("Tell me a story.", p).token_ids
+    b = engine.generate("Tell me a story.", p).token_ids
+    c = engine.generate("Tell me a story.", SamplingParams(max_tokens=24, temperature=1.0, top_k=50, seed=124)).token_ids
+    assert a == b and a != c
+
+
+def test_stop_string_cuts_text(engine):
+    full = engine.generate("Count from 1 to 10, separated by commas.", greedy(40)).text
+    assert "4" in full
+    cut = full.index("4")
+    res = engine.generate("Count from 1 to 10, separated by commas.",
+                          SamplingParams(max_tokens=40, temperature=0.0, stop=("4",)))
+    assert res.finish_reason == "stop"
+    assert res.text == full[:cut]
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-1), "top_k"), (dict(temperature=math.nan), "temperature"), (dict(max_tokens=0), "max_tokens"),
+])
+def test_invalid_params_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_bad_requests_raise_and_engine_stays_usable(engine):
+    with pytest.raises(ValueError, match="prompt"):
+        engine.add_request("   ", greedy(4))
+    with pytest.raises(ValueError, match="prompt"):
+        engine.add_request(prompt_ids=list(range(100)) * 100, params=greedy(4))  # beyond the 8192 context
+    tiny = engine.session(kv_memory=4 * 16 * engine.kv_bytes_per_token)
+    with pytest.raises(ValueError, match="kv_memory"):
+        tiny.add_request("Hello there", greedy(200))
+    assert not engine.has_unfinished()
+    assert engine.generate("Hi", greedy(3)).token_ids
+
+
+def test_step_event_contents_and_json(engine):
+    engine.instrument = Capture(lens_top_k=3)
+    rid = engine.add_request("Что такое гравитация?", SamplingParams(max_tokens=3, temperature=0.7, seed=1))
+    prefill = engine.step()
+    decode = engine.step()
+    for ev in (prefill, decode):
+        json.dumps(ev.to_dict(), allow_nan=False)
+    p, d = prefill.seq(rid), decode.seq(rid)
+    seq = engine.sequences[rid]
+    assert p.phase == "prefill" and p.num_processed == len(seq.prompt_ids) and prefill.admitted == [rid]
+    assert d.phase == "decode" and d.num_processed == 1 and d.chunk_start == len(seq.prompt_ids)
+    assert [p.new_token, d.new_token] == seq.output_ids[:2]
+    assert p.sampling["chosen"] == p.new_token and d.sampling["chosen"] == d.new_token
+    spec = engine.spec
+    att = d.capture.attention
+    assert set(att) == set(range(spec.num_layers))
+    assert att[0].shape == (spec.num_heads, 1, len(seq.prompt_ids) + 1)
+    assert torch.allclose(att[5].sum(-1), torch.ones(spec.num_heads, 1), atol=1e-4)
+    pa = p.capture.attention[3]
+    assert pa.shape == (spec.num_heads, len(seq.prompt_ids), len(seq.prompt_ids))
+    assert torch.all(pa.triu(1) == 0)  # causal
+    assert d.capture.lens_ids.shape == (spec.num_layers, 1, 3)
+    # the last layer's lens is the model's own next-token distribution: its top-1 is greedy's pick
+    logits = seq.last_sampling[0]
+    assert int(d.capture.lens_ids[-1, 0, 0]) == int(logits.argmax())
+    assert d.capture.residual_norms.shape == (spec.num_layers + 1, 1)
+    assert p.capture.embeddings.shape == (len(seq.prompt_ids), spec.hidden_size)
+    assert prefill.kv["used"] == len(p.block_table) == -(-len(seq.prompt_ids) // engine.block_size)
+    assert prefill.cost["tokens"] == len(seq.prompt_ids) and prefill.cost["flops"] > 0
+    assert d.ttft_s is None and p.ttft_s > 0 and d.itl_s > 0
+
+
+def test_what_if_recomputes_from_cached_logits(engine):
+    rid = engine.add_request("Name a colour.", SamplingParams(max_tokens=2, temperature=1.0, seed=3))
+    ev = engine.step()
+    base = ev.seq(rid).sampling
+    same = engine.what_if(rid, SamplingParams(max_tokens=2, temperature=1.0, seed=3))
+    assert same["chosen"] == base["chosen"] and same["u"] == base["u"]
+    cold = engine.what_if(rid, SamplingParams(max_tokens=2, temperature=0.0))
+    assert cold["chosen"] == int(engine.sequences[rid].last_sampling[0].argmax())
+
+
+def test_force_rewind_branch(engine):
+    rid = engine.add_request("What is gravity?", greedy(12))
+    for _ in range(6):
+        engine.step()
+    seq = engine.sequences[rid]
+    forced = engine.tokenizer.encode(" Banana", add_special_tokens=False)[0]
+    engine.force_token(rid, forced)
+    ev = engine.step()
+    assert ev.seq(rid).forced and seq.output_ids[-1] == forced
+    check_pool(engine)
+    n_before = len(seq.output_ids)
+    engine.rewind(rid, 2)
+    assert len(seq.output_ids) == 2
+    check_pool(engine)
+    child = engine.branch(rid, 1)
+    check_pool(engine)
+    while engine.has_unfinished():
+        engine.step()
+        check_pool(engine)
+    # after rewinding to 2 tokens, greedy continues exactly as a fresh greedy run would
+    fresh = engine.generate("What is gravity?", greedy(12)).token_ids
+    assert seq.output_ids == fresh
+    assert engine.sequences[child].output_ids == fresh
+    assert n_before == 7
+    assert engine.blocks.stats()["used"] == 0
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(st.sampled_from(["add", "step", "step", "step", "abort", "rewind", "branch"]),
+                          st.integers(0, 7), st.integers(1, 6)), min_size=4, max_size=24))
+def test_random_operations_never_leak_blocks(base_engine, ops):
+    eng = base_engine.session(kv_memory=10 * 16 * base_engine.kv_bytes_per_token)
+    for op, i, n in ops:
+        live = sorted(eng.sequences)
+        if op == "add":
+            eng.add_request(QUESTIONS[i % 4], SamplingParams(max_tokens=n * 3, temperature=0.0))
+        elif op == "step":
+            eng.step(trace=False)
+        elif live:
+            sid = live[i % len(live)]
+            seq = eng.sequences[sid]
+            if op == "abort":
+                eng.abort(sid)
+            elif op == "rewind":
+                eng.rewind(sid, min(n, len(seq.output_ids)))
+            elif op == "branch" and len(eng.sequences) < 6:
+                eng.branch(sid, min(n, len(seq.output_ids)))
+        check_pool(eng)
+    while eng.has_unfinished():
+        eng.step(trace=False)
+        check_pool(eng)
+    assert eng.blocks.stats()["used"] == 0
