@@ -122,7 +122,8 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed, budget)
-            target = seq.num_computed + n
+            # the table may already cover more (a whole prompt is allocated at admission, then chunked)
+            target = max(seq.num_computed + n, self.blocks.seq_lens[seq.seq_id])
             while not self.blocks.can_append(seq.seq_id, target):
                 victim = self.running[-1]
                 self._preempt(victim)
