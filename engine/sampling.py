@@ -1,0 +1,602 @@
+"""The sampling chain: penalties -> temperature -> min_p -> top_k -> top_p -> inverse-CDF draw.
+
+Every stage works on a float32 1-D tensor of vocabulary logits. A removed token gets logit -inf and
+the survivors are renormalised (softmax over them) after each cut.
+
+There is ONE implementation of the chain (`_run_chain`). The per-step fast path runs it without
+recording anything; the traced path runs the same code and records each stage's state, so the two
+can never disagree about the token drawn for the same uniform number u. `sampling_probs` returns
+exactly the distribution the draw uses.
+
+Representation: between stages the chain keeps a `_State`, either the full vocabulary (`idx is None`,
+removed tokens are -inf) or, once a stage has cut, only the survivors (`idx` = their ids in ascending
+order, `vals` = their logits). Working on survivors makes top_k/top_p/draw cheap after a cut, and
+ascending ids let a stable sort break probability ties by the lower id, as the draw order requires.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+STAGE_NAMES = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
+
+_NEG_INF = float("-inf")
+_F32_MAX = float(torch.finfo(torch.float32).max)
+# torch.Generator.manual_seed accepts exactly this range; checking it here gives a clear message.
+_SEED_MIN = -(2**63)
+_SEED_MAX = 2**64 - 1
+
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+)
+_INT_FIELDS = ("max_tokens", "top_k")
+
+
+def _is_int(v) -> bool:
+    # bool is an int subclass, but True as a count is always a mistake. numpy ints count as ints.
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # in (0, 1]
+    min_p: float = 0.0  # in [0, 1]
+    repetition_penalty: float = 1.0  # > 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        # Normalise the types people naturally pass (numpy scalars, ints for floats, a single stop
+        # string, a list of stops) so that to_dict() is plain JSON. Anything odd is left as it is
+        # and validate() rejects it with a message naming the field.
+        for name in _INT_FIELDS:
+            v = getattr(self, name)
+            if _is_int(v):
+                setattr(self, name, int(v))
+        for name in _FLOAT_FIELDS:
+            v = getattr(self, name)
+            if _is_real(v):
+                setattr(self, name, float(v))
+        if _is_int(self.seed):
+            self.seed = int(self.seed)
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        elif isinstance(self.stop, (list, tuple)):
+            self.stop = tuple(self.stop)
+        self.validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def validate(self) -> None:
+        """Raise ValueError (message starts with the field name) if any field is out of range."""
+        for name in _INT_FIELDS:
+            v = getattr(self, name)
+            if not _is_int(v):
+                raise ValueError(f"{name} must be an integer (got {v!r})")
+        for name in _FLOAT_FIELDS:
+            v = getattr(self, name)
+            if not _is_real(v):
+                raise ValueError(f"{name} must be a number (got {v!r})")
+            if not math.isfinite(v):
+                raise ValueError(f"{name} must be finite (got {v!r})")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1 (got {self.max_tokens!r})")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (got {self.temperature!r})")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (got {self.top_k!r})")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (got {self.top_p!r})")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (got {self.min_p!r})")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0 (got {self.repetition_penalty!r})")
+        if self.seed is not None:
+            if not _is_int(self.seed):
+                raise ValueError(f"seed must be an integer or None (got {self.seed!r})")
+            if not _SEED_MIN <= self.seed <= _SEED_MAX:
+                raise ValueError(f"seed must be in [{_SEED_MIN}, {_SEED_MAX}] (got {self.seed!r})")
+        if not isinstance(self.stop, tuple):
+            raise ValueError(f"stop must be a string or a list of strings (got {self.stop!r})")
+        for s in self.stop:
+            if not isinstance(s, str):
+                raise ValueError(f"stop must contain only strings (got {s!r})")
+            if s == "":
+                raise ValueError("stop must not contain empty strings")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool (got {self.ignore_eos!r})")
+
+    def to_dict(self) -> dict:
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "seed": self.seed,
+            "stop": list(self.stop),
+            "ignore_eos": self.ignore_eos,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SamplingParams":
+        """Build from a (JSON) dict; unknown keys are an error so a typo is not silently ignored."""
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s): {', '.join(map(str, unknown))}")
+        return cls(**data)
+
+
+def make_generator(seed: int | None = None) -> torch.Generator:
+    """A CPU generator for one request: seeded when a seed is given, otherwise from OS entropy."""
+    g = torch.Generator()
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed)
+    return g
+
+
+# ----------------------------------------------------------------------------------------------
+# Trace data
+
+
+def _json_float(v: float) -> float | None:
+    # JSON has no -inf/NaN; a removed token's logit is reported as None.
+    return float(v) if math.isfinite(v) else None
+
+
+@dataclass
+class StageSnapshot:
+    name: str
+    logits: list[float | None]  # tracked tokens after this stage; None = removed (-inf)
+    probs: list[float]  # renormalised probabilities after this stage, tracked tokens
+    kept: list[bool]
+    num_kept: int  # survivors over the whole vocabulary
+    mass_removed: float  # probability mass this stage removed, relative to its input distribution
+    active: bool  # whether the stage does anything with these params
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "logits": [None if v is None else _json_float(v) for v in self.logits],
+            "probs": [_json_float(v) or 0.0 for v in self.probs],
+            "kept": [bool(k) for k in self.kept],
+            "num_kept": int(self.num_kept),
+            "mass_removed": _json_float(self.mass_removed) or 0.0,
+            "active": bool(self.active),
+        }
+
+
+@dataclass
+class SamplingTrace:
+    token_ids: list[int]  # tracked: top_n by penalised logit (+ chosen), penalised logit desc
+    token_texts: list[str]  # left empty here; the engine fills it
+    stages: list[StageSnapshot]
+    u: float
+    chosen: int
+    chosen_prob: float  # final probability of the chosen token
+    chosen_rank: int  # rank of the chosen token in the raw logits, 0 = top
+    greedy: bool
+    params: dict
+    cdf: list[tuple[int, float]]  # (token_id, cumulative prob) in draw order, tracked survivors
+    vocab_size: int = 0
+
+    def to_dict(self) -> dict:
+        return {
+            "token_ids": [int(t) for t in self.token_ids],
+            "token_texts": list(self.token_texts),
+            "stages": [s.to_dict() for s in self.stages],
+            "u": float(self.u),
+            "chosen": int(self.chosen),
+            "chosen_prob": _json_float(self.chosen_prob) or 0.0,
+            "chosen_rank": int(self.chosen_rank),
+            "greedy": bool(self.greedy),
+            "params": dict(self.params),
+            "cdf": [[int(t), _json_float(c) or 0.0] for t, c in self.cdf],
+            "vocab_size": int(self.vocab_size),
+        }
+
+
+# ----------------------------------------------------------------------------------------------
+# The chain
+
+
+class _State:
+    """Logits after some stage: full vocabulary (idx None) or the survivors only."""
+
+    __slots__ = ("idx", "vals", "sorted")
+
+    def __init__(self, idx: torch.Tensor | None, vals: torch.Tensor, sorted_: bool = False):
+        self.idx = idx
+        self.vals = vals
+        # True when vals are already in draw order (logit desc, ties by ascending id).
+        self.sorted = sorted_
+
+    def select(self, mask: torch.Tensor) -> "_State":
+        if self.idx is None:
+            idx = mask.nonzero().squeeze(1)
+        else:
+            idx = self.idx[mask]
+        return _State(idx, self.vals[mask], self.sorted)
+
+    def ids(self, positions: torch.Tensor) -> torch.Tensor:
+        return positions if self.idx is None else self.idx[positions]
+
+
+# A full stable sort of 49152 logits costs a few ms; the draw and top_p nearly always end within the
+# most probable few hundred tokens, so they first sort only this many candidates (plus ties).
+_PREFIX = 1024
+
+
+def _desc_order(vals: torch.Tensor, m: int) -> tuple[torch.Tensor, bool]:
+    """Leading positions of the stable descending order of `vals` (logit desc, ties by position).
+
+    Returns at least min(m, n) positions, extended to every tie at the cut, so the result is an exact
+    prefix of the full order; the bool says whether it is the whole order.
+    """
+    n = vals.numel()
+    if m >= n:
+        return torch.argsort(vals, descending=True, stable=True), True
+    thr = torch.topk(vals, m, sorted=False).values.min()
+    cand = (vals >= thr).nonzero().squeeze(1)  # ascending positions: a stable sort keeps id order
+    order = cand[torch.argsort(vals[cand], descending=True, stable=True)]
+    return order, order.numel() == n
+
+
+def _as_logits(logits) -> torch.Tensor:
+    x = logits if isinstance(logits, torch.Tensor) else torch.as_tensor(logits)
+    if x.dim() != 1 or x.numel() == 0:
+        raise ValueError(f"logits must be a non-empty 1-D tensor (got shape {tuple(x.shape)})")
+    x = x.detach().to(device="cpu", dtype=torch.float32)
+    if not bool(torch.isfinite(x).all()):
+        if bool(torch.isnan(x).any()):
+            raise ValueError("logits contain NaN")
+        # +inf would turn every softmax into NaN; the largest float keeps it the clear winner.
+        x = x.clamp(max=_F32_MAX)
+    return x
+
+
+def _as_ids(ids, vocab: int, what: str) -> list[int]:
+    if isinstance(ids, torch.Tensor):
+        out = ids.reshape(-1).tolist()
+    else:
+        out = [int(t) for t in ids]
+    if out and (min(out) < 0 or max(out) >= vocab):
+        raise ValueError(f"{what} contains a token id outside [0, {vocab})")
+    return out
+
+
+def _penalties_active(params: SamplingParams) -> bool:
+    return (
+        params.repetition_penalty != 1.0
+        or params.frequency_penalty != 0.0
+        or params.presence_penalty != 0.0
+    )
+
+
+def _penalise(x: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
+    rp = params.repetition_penalty
+    fp = params.frequency_penalty
+    pp = params.presence_penalty
+    use_rp = rp != 1.0 and (prompt or output)
+    use_counts = (fp != 0.0 or pp != 0.0) and output
+    if not (use_rp or use_counts):
+        return x  # nothing to do: no copy on the hot path
+    x = x.clone()  # never modify the caller's logits (the UI re-runs the chain on cached ones)
+    if use_rp:
+        seen = torch.tensor(sorted(set(prompt) | set(output)), dtype=torch.long)
+        v = x[seen]
+        # Dividing a negative logit would raise it; multiplying pushes it further down instead.
+        x[seen] = torch.where(v > 0, v / rp, v * rp)
+    if use_counts:
+        counts = Counter(output)
+        ids = torch.tensor(list(counts.keys()), dtype=torch.long)
+        if fp != 0.0:
+            c = torch.tensor(list(counts.values()), dtype=torch.float32)
+            x[ids] = x[ids] - c * fp
+        if pp != 0.0:
+            x[ids] = x[ids] - pp
+    if not bool(torch.isfinite(x).all()):
+        # Extreme penalties can overflow; keep -inf as "removed", never NaN or +inf.
+        x = torch.nan_to_num(x, nan=_NEG_INF, posinf=_F32_MAX, neginf=_NEG_INF)
+    return x
+
+
+def _scale(x: torch.Tensor, t: float) -> torch.Tensor:
+    y = x / t
+    if t < 1.0 and bool((torch.isinf(y) & torch.isfinite(x)).any()):
+        # A tiny temperature overflowed; softmax is shift-invariant, so subtract the max first.
+        y = (x - x.max()) / t
+    return y
+
+
+def _run_chain(x: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int], record=None) -> _State:
+    """Apply the chain to raw logits `x`; if `record` is a list, append (name, state, active)."""
+    vocab = x.numel()
+
+    def rec(name: str, st: _State, active: bool) -> None:
+        if record is not None:
+            record.append((name, st, active))
+
+    st = _State(None, x)
+    rec("logits", st, True)
+
+    x_pen = _penalise(x, params, prompt, output)
+    if not bool((x_pen > _NEG_INF).any()):
+        raise ValueError("no token has a finite logit")
+    # Unchanged logits keep the same state object, so the trace reuses its softmax.
+    x = x_pen
+    st = st if x_pen is st.vals else _State(None, x_pen)
+    rec("penalties", st, _penalties_active(params))
+
+    t = params.temperature
+    if t == 0:
+        # Greedy: one-hot at the argmax of the penalised logits; the later cuts cannot change it.
+        a = int(torch.argmax(x))
+        st = _State(torch.tensor([a], dtype=torch.long), x[a : a + 1].clone(), True)
+        rec("temperature", st, True)
+        for name in ("min_p", "top_k", "top_p"):
+            rec(name, st, False)
+        return st
+    if t != 1.0:
+        st = _State(None, _scale(x, t))
+    rec("temperature", st, t != 1.0)
+
+    if params.min_p > 0:
+        # p_i >= min_p * max(p)  <=>  logit_i >= max logit + log(min_p); the log form cannot
+        # underflow the way tiny probabilities do.
+        thr = float(st.vals.max()) + math.log(params.min_p)
+        mask = st.vals >= thr
+        if not bool(mask.all()):
+            st = st.select(mask)
+    rec("min_p", st, params.min_p > 0)
+
+    k = params.top_k
+    top_k_on = 0 < k < vocab
+    if top_k_on and k < st.vals.numel():
+        kth = float(torch.topk(st.vals, k, sorted=False).values.min())
+        # Fewer than k survivors leaves kth at -inf: keep the survivors, not the removed.
+        mask = st.vals > _NEG_INF if kth == _NEG_INF else st.vals >= kth
+        if not bool(mask.all()):
+            st = st.select(mask)
+    rec("top_k", st, top_k_on)
+
+    if params.top_p < 1.0:
+        # Sorting by logit is sorting by probability (softmax is monotonic) without the ties that
+        # rounding tiny probabilities would create; stable + ascending ids = ties by lower id.
+        probs = torch.softmax(st.vals, 0)
+        order, complete = _desc_order(st.vals, _PREFIX)
+        cum = torch.cumsum(probs[order].double(), 0)  # float64: 49152 float32 adds would drift
+        if not complete and float(cum[-1]) < params.top_p:
+            # The candidates hold less than top_p: the cut lies further down, sort everything.
+            order, _ = _desc_order(st.vals, st.vals.numel())
+            cum = torch.cumsum(probs[order].double(), 0)
+        before = torch.cat((cum.new_zeros(1), cum[:-1]))  # mass strictly before each token
+        sv = st.vals[order]
+        keep = (before < params.top_p) & (sv > _NEG_INF)
+        # `before` is non-decreasing, so the kept tokens are a prefix; once the candidates hold
+        # >= top_p, every token after them has before >= top_p and is cut as well.
+        n = int(keep.sum())
+        st = _State(st.ids(order[:n]), sv[:n], True)
+    rec("top_p", st, params.top_p < 1.0)
+    return st
+
+
+@dataclass
+class _Draw:
+    chosen: int
+    probs: torch.Tensor  # softmax over the final state's vals (state order)
+    sorted_ids: torch.Tensor  # token ids in draw order (possibly only the leading ones)
+    cdf: torch.Tensor  # float64 cumulative probs in draw order
+    complete: bool  # whether sorted_ids covers every token of the final state
+
+
+def _draw(st: _State, u: float) -> _Draw:
+    probs = torch.softmax(st.vals, 0)
+    u_t = torch.tensor([u], dtype=torch.float64)
+    if st.sorted:
+        order, complete = torch.arange(probs.numel()), True
+    else:
+        order, complete = _desc_order(st.vals, _PREFIX)
+    while True:
+        sp = probs[order]
+        # CPU cumsum is a sequential running sum, so a prefix's values equal the full order's.
+        cdf = torch.cumsum(sp.double(), 0)
+        pos = int(torch.searchsorted(cdf, u_t, right=True))
+        if pos < cdf.numel() or complete:
+            break
+        order, complete = _desc_order(st.vals, st.vals.numel())  # u lies beyond the candidates
+    if pos >= cdf.numel():
+        # Round-off left the total just under u: take the last token that can be drawn at all.
+        pos = int((sp > 0).nonzero()[-1])
+    sorted_ids = st.ids(order)
+    return _Draw(int(sorted_ids[pos]), probs, sorted_ids, cdf, complete)
+
+
+def _check_params(params) -> None:
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams (got {type(params).__name__})")
+    params.validate()  # cheap, and catches fields changed after construction
+
+
+def _prepare(logits, params, prompt_ids, output_ids):
+    _check_params(params)
+    x = _as_logits(logits)
+    prompt = _as_ids(prompt_ids, x.numel(), "prompt_ids")
+    output = _as_ids(output_ids, x.numel(), "output_ids")
+    return x, prompt, output
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+
+
+def sampling_probs(logits, params: SamplingParams, prompt_ids=(), output_ids=()) -> torch.Tensor:
+    """The exact final distribution the draw uses: float32 over the vocabulary, sums to 1."""
+    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids)
+    st = _run_chain(x, params, prompt, output)
+    probs = torch.softmax(st.vals, 0)
+    if st.idx is None:
+        return probs
+    out = torch.zeros(x.numel(), dtype=torch.float32)
+    out[st.idx] = probs
+    return out
+
+
+def sample(
+    logits,
+    params: SamplingParams,
+    prompt_ids,
+    output_ids,
+    generator: torch.Generator | None,
+    *,
+    trace: bool = False,
+    top_n: int = 20,
+) -> tuple[int, SamplingTrace | None]:
+    """Draw one token. Consumes exactly one uniform number from `generator` (also when greedy), so a
+    seeded request reproduces whatever its params are."""
+    if trace:
+        _check_top_n(top_n)  # before the generator is touched: a bad call must not consume u
+    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids)
+    record = [] if trace else None
+    st = _run_chain(x, params, prompt, output, record)
+    u = float(torch.rand((), generator=generator, dtype=torch.float64))
+    d = _draw(st, u)
+    if not trace:
+        return d.chosen, None
+    return d.chosen, _build_trace(record, d, params, u, top_n)
+
+
+def trace_chain(logits, params: SamplingParams, prompt_ids, output_ids, u: float, top_n: int = 20) -> SamplingTrace:
+    """Recompute the whole chain from cached logits with a given u ("what-if" for the UI)."""
+    if not _is_real(u) or not 0.0 <= float(u) < 1.0:
+        raise ValueError(f"u must be in [0, 1) (got {u!r})")
+    _check_top_n(top_n)
+    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids)
+    record: list = []
+    st = _run_chain(x, params, prompt, output, record)
+    d = _draw(st, float(u))
+    return _build_trace(record, d, params, float(u), top_n)
+
+
+def _full(st: _State, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-vocabulary logits (-inf = removed) and renormalised probs of a state."""
+    probs = torch.softmax(st.vals, 0)  # the same computation as the draw: bitwise-equal final probs
+    if st.idx is None:
+        return st.vals, probs
+    fv = torch.full((vocab,), _NEG_INF, dtype=torch.float32)
+    fv[st.idx] = st.vals
+    fp = torch.zeros(vocab, dtype=torch.float32)
+    fp[st.idx] = probs
+    return fv, fp
+
+
+def _check_top_n(top_n) -> None:
+    if not _is_int(top_n) or top_n < 0:
+        raise ValueError(f"top_n must be an integer >= 0 (got {top_n!r})")
+
+
+def _build_trace(record, d: _Draw, params: SamplingParams, u: float, top_n: int) -> SamplingTrace:
+    raw = record[0][1].vals
+    pen = record[1][1].vals
+    vocab = raw.numel()
+
+    tracked = _desc_order(pen, top_n)[0][:top_n].tolist() if top_n else []
+    if d.chosen not in tracked:
+        tracked.append(d.chosen)
+    tt = torch.tensor(tracked, dtype=torch.long)
+
+    stages: list[StageSnapshot] = []
+    prev_state = None
+    prev_probs = None
+    prev_alive = None
+    cache = None
+    for name, st, active in record:
+        if st is not prev_state:
+            fv, fp = _full(st, vocab)
+            alive = fv > _NEG_INF
+            cache = (fv, fp, alive)
+        fv, fp, alive = cache
+        if prev_probs is None or st is prev_state:
+            removed = 0.0
+        else:
+            removed = float(prev_probs[prev_alive & ~alive].double().sum())
+        sub_v = fv[tt].tolist()
+        stages.append(
+            StageSnapshot(
+                name=name,
+                logits=[v if math.isfinite(v) else None for v in sub_v],
+                probs=fp[tt].tolist(),
+                kept=alive[tt].tolist(),
+                num_kept=int(alive.sum()),
+                mass_removed=min(1.0, max(0.0, removed)),
+                active=bool(active),
+            )
+        )
+        prev_state, prev_probs, prev_alive = st, fp, alive
+
+    c = d.chosen
+    chosen_rank = int((raw > raw[c]).sum()) + int((raw[:c] == raw[c]).sum())
+    final_probs = cache[1]
+
+    sorted_ids, cum = d.sorted_ids, d.cdf
+    survivors = int(stages[-1].kept.count(True))
+    if not d.complete and int(torch.isin(sorted_ids, tt).sum()) < survivors:
+        # A huge top_n tracks tokens beyond the draw's candidates: order the whole state for display.
+        st = record[-1][1]
+        order, _ = _desc_order(st.vals, st.vals.numel())
+        sorted_ids, cum = st.ids(order), torch.cumsum(d.probs[order].double(), 0)
+    pos = torch.isin(sorted_ids, tt).nonzero().squeeze(1)
+    cdf = list(zip(sorted_ids[pos].tolist(), cum[pos].tolist()))
+
+    return SamplingTrace(
+        token_ids=tracked,
+        token_texts=[],
+        stages=stages,
+        u=u,
+        chosen=c,
+        chosen_prob=float(final_probs[c]),
+        chosen_rank=chosen_rank,
+        greedy=params.greedy,
+        params=params.to_dict(),
+        cdf=cdf,
+        vocab_size=vocab,
+    )
+
+
+__all__ = [
+    "STAGE_NAMES",
+    "SamplingParams",
+    "SamplingTrace",
+    "StageSnapshot",
+    "make_generator",
+    "sample",
+    "sampling_probs",
+    "trace_chain",
+]
