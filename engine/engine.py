@@ -56,7 +56,7 @@ class Engine:
         self.device = str(model.device)
         self.block_size = block_size
         self.kv_bytes_per_token = kv_bytes_per_token(self.spec.num_layers, self.spec.num_kv_heads,
-                                                     self.spec.head_dim, model.head_t.element_size())
+                                                     self.spec.head_dim, model.element_size)
         num_blocks = num_blocks_for_budget(kv_memory, block_size, self.kv_bytes_per_token)
         self.kv = KVStorage(self.spec, num_blocks, block_size, model.dtype, model.device)
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, copy_block=self.kv.copy_block)
@@ -356,7 +356,7 @@ class Engine:
     def _event(self, seq_events, plan, preempted, finished, inputs, timing) -> StepEvent:
         m = self.model
         cost = metrics.step_cost(
-            m.weight_bytes_per_step if inputs else 0, m.params_per_token, m.head_t.numel(), self.kv_bytes_per_token,
+            m.weight_bytes_per_step if inputs else 0, m.params_per_token, m.head.numel, self.kv_bytes_per_token,
             [(s.start_pos, len(s.token_ids), s.logits_rows) for s in inputs],
             self.spec.num_layers, self.spec.num_heads, self.spec.head_dim)
         return StepEvent(
@@ -381,7 +381,7 @@ class Engine:
             paged_waste_tokens=held_tokens - used_tokens, naive_reserved_tokens=naive_tokens,
             naive_waste_tokens=naive_tokens - used_tokens, preemptions=self.scheduler.num_preemptions,
             formula=dict(layers=self.spec.num_layers, kv_heads=self.spec.num_kv_heads, head_dim=self.spec.head_dim,
-                         bytes_per_elem=self.model.head_t.element_size()))
+                         bytes_per_elem=self.model.element_size))
         return stats
 
     # ---- convenience loops ----------------------------------------------------------------------

@@ -53,19 +53,22 @@ def step_cost(weight_bytes: int, params_per_token: int, head_params: int, kv_byt
 
 
 @functools.lru_cache(maxsize=None)
-def measure_bandwidth(device: str = "cpu", mbytes: int = 256, repeats: int = 5) -> float:
-    """Bytes/s of a large tensor copy (read + write counted), best of `repeats`."""
+def measure_bandwidth(device: str = "cpu", mbytes: int = 512, repeats: int = 7) -> float:
+    """Read bandwidth in bytes/s: a reduction over a buffer far larger than any cache, best of `repeats`.
+
+    A read stream is what a decode step does to its weights, so this is the roofline's memory slope.
+    (A copy would count writes too and, with streaming stores, report a rate no weight read can reach.)
+    """
     n = mbytes * 1024 * 1024 // 4
     src = torch.ones(n, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
     best = float("inf")
     for _ in range(repeats):
         _sync(device)
         t = time.perf_counter()
-        dst.copy_(src)
+        src.sum()
         _sync(device)
         best = min(best, time.perf_counter() - t)
-    return 2 * src.numel() * 4 / best
+    return src.numel() * 4 / best
 
 
 @functools.lru_cache(maxsize=None)
