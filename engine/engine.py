@@ -70,6 +70,7 @@ class Engine:
         self._next_id = 0
         self._lock = threading.RLock()
         self.eos_ids = self._eos_ids()
+        self._embed_norms = None
         self._settings = dict(kv_memory=kv_memory, block_size=block_size,
                               max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                               enable_prefix_caching=enable_prefix_caching)
@@ -237,6 +238,18 @@ class Engine:
         trace.token_texts = [self.token_text(t) for t in trace.token_ids]
         return trace.to_dict()
 
+    def nearest_tokens(self, token_id: int, k: int = 10) -> list[tuple[int, str, float]]:
+        """The k vocabulary entries whose input embeddings are closest (cosine) to `token_id`'s."""
+        if not isinstance(token_id, int) or not 0 <= token_id < self.spec.vocab_size:
+            raise ValueError(f"token_id must be in [0, {self.spec.vocab_size}) (got {token_id!r})")
+        emb = self.model.embed.float()
+        if self._embed_norms is None:
+            self._embed_norms = emb.norm(dim=-1).clamp_min(1e-12)
+        cos = (emb @ emb[token_id]) / (self._embed_norms * self._embed_norms[token_id])
+        top = cos.topk(k + 1)
+        return [(int(i), self.token_text(int(i)), float(c)) for c, i in zip(top.values, top.indices)
+                if int(i) != token_id][:k]
+
     def token_text(self, token_id: int) -> str:
         return token_bytes(self.tokenizer, int(token_id)).decode("utf-8", errors="replace")
 
@@ -310,10 +323,16 @@ class Engine:
             tr.token_texts = [self.token_text(t) for t in tr.token_ids]
             seq.last_sampling = (logits.clone(), prompt_ids, output_ids, tr.u)
             ev.sampling = tr.to_dict()
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            ev.logit_stats = {"entropy": float(-(logp.exp() * logp).nan_to_num().sum()),
+                              "max_logit": float(logits.max()), "logsumexp": float(torch.logsumexp(logits, -1))}
         if seq.forced_token is not None:
             token, ev.forced, seq.forced_token = seq.forced_token, True, None
         seq.output_ids.append(token)
         ev.new_token, ev.new_token_text = token, self.token_text(token)
+        if ev.logit_stats is not None:  # the model's own log-probability of the token kept (perplexity)
+            ev.logit_stats["token_logprob"] = float(logp[token])
+            ev.logit_stats["token_rank"] = int((logits > logits[token]).sum())
         if token in self.eos_ids and not seq.params.ignore_eos:
             step = seq.detok.push(token)
             ev.detok = step.to_dict()

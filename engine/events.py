@@ -69,6 +69,7 @@ class SeqEvent:
     new_token_text: str = ""
     forced: bool = False
     sampling: dict | None = None  # engine.sampling.SamplingTrace.to_dict()
+    logit_stats: dict | None = None  # entropy of the raw softmax, max logit, the kept token's logprob and rank
     detok: dict | None = None  # engine.tokenizer.DetokStep.to_dict()
     emitted: str = ""
     finished: bool = False
