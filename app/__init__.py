@@ -1,0 +1,1 @@
+"""InferLab's browser lab: a Gradio page that steps the engine and draws every stage from its StepEvents."""

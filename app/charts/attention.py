@@ -1,0 +1,365 @@
+"""Attention and logit-lens charts, assembled from the CaptureData of a sequence's step events.
+
+Every step that captured a sequence carries, per layer, a block of attention rows [heads, rows, context]:
+the whole prompt (or one chunk of it) at prefill, one row at decode. The charts stitch those blocks into the
+causal matrix of the sequence, keeping for every position the row of the latest step that computed it, and
+draw only a window of it (the last `max_positions` positions) so the payload stays small.
+"""
+from __future__ import annotations
+
+import html
+import math
+
+import numpy as np
+
+from .common import ACCENT, empty, figure, layout, to_np, token_label
+
+MAX_POSITIONS = 256  # one heatmap: at most this many query rows and key columns
+GRID_MAX_POSITIONS = 64  # every head of a layer at once: smaller tiles
+LENS_MAX_POSITIONS = 48  # logit-lens columns
+
+TEXT = {
+    "en": {
+        "attn_title": "Attention · layer {layer}, head {head}",
+        "attn_empty": "Step the engine with capture on to see attention",
+        "attn_no_layer": "Layer {layer}, head {head} was not captured for this sequence",
+        "window": " (last {n} of {total} positions)",
+        "query": "Query",
+        "key": "Key",
+        "weight": "weight",
+        "x_key": "Key token (attended to)",
+        "y_query": "Query token (attending)",
+        "grid_title": "All heads · layer {layer}",
+        "head": "head",
+        "layer": "layer",
+        "entropy_title": "Attention entropy of the newest query (position {pos}, {ctx} keys; uniform = {max:.2f} bits)",
+        "entropy_name": "Attention entropy per head",
+        "entropy_empty": "Step the engine with capture on to see attention entropy",
+        "bits": "bits",
+        "x_head": "Head",
+        "y_layer": "Layer",
+        "lens_title": "Logit lens · top-1 next token after each layer",
+        "lens_empty": "Step the engine with capture on to see the logit lens",
+        "top1": "top-1 prob",
+        "position": "position",
+        "x_position": "Position (input token)",
+        "y_lens_layer": "Layer (residual stream after it)",
+        "input": "input",
+        "next": "actual next",
+    },
+    "ru": {
+        "attn_title": "Внимание · слой {layer}, голова {head}",
+        "attn_empty": "Сделайте шаг движка с включённым захватом, чтобы увидеть внимание",
+        "attn_no_layer": "Слой {layer}, голова {head} не записаны для этой последовательности",
+        "window": " (последние {n} из {total} позиций)",
+        "query": "Запрос",
+        "key": "Ключ",
+        "weight": "вес",
+        "x_key": "Токен-ключ (на который смотрят)",
+        "y_query": "Токен-запрос (который смотрит)",
+        "grid_title": "Все головы · слой {layer}",
+        "head": "голова",
+        "layer": "слой",
+        "entropy_title": "Энтропия внимания последнего запроса (позиция {pos}, ключей: {ctx}; "
+                         "равномерно = {max:.2f} бит)",
+        "entropy_name": "Энтропия внимания по головам",
+        "entropy_empty": "Сделайте шаг движка с включённым захватом, чтобы увидеть энтропию внимания",
+        "bits": "бит",
+        "x_head": "Голова",
+        "y_layer": "Слой",
+        "lens_title": "Logit lens · самый вероятный следующий токен после каждого слоя",
+        "lens_empty": "Сделайте шаг движка с включённым захватом, чтобы увидеть logit lens",
+        "top1": "вер. top-1",
+        "position": "позиция",
+        "x_position": "Позиция (входной токен)",
+        "y_lens_layer": "Слой (остаточный поток после него)",
+        "input": "вход",
+        "next": "настоящий следующий",
+    },
+}
+
+# ColorBrewer "Blues" spread with a gamma: weights are dominated by a few large values (the first token
+# is an attention sink), so a linear scale would hide everything else. z stays the true weight.
+_BLUES = ["#f7fbff", "#deebf7", "#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b"]
+_GAMMA = 2.5
+ATTN_COLORSCALE = [[(k / (len(_BLUES) - 1)) ** _GAMMA, c] for k, c in enumerate(_BLUES)]
+
+
+def tr(lang: str) -> dict:
+    return TEXT[lang if lang in TEXT else "en"]
+
+
+def plain(text: str) -> str:
+    """Token text for Plotly labels/hovers: visible whitespace, and no markup (Plotly renders some tags)."""
+    return html.escape(token_label(text), quote=False)
+
+
+def pos_label(p: int, texts: list[str] | None) -> str:
+    """A unique category label for position p ("12 ␣gra"), so repeated tokens get their own row/column."""
+    if texts is not None and 0 <= p < len(texts):
+        return f"{p} {plain(texts[p])}"
+    return f"{p}"
+
+
+def seq_events(events, seq_id: int) -> list:
+    """The SeqEvents of `seq_id` in event order (steps that did not schedule it are skipped)."""
+    out = []
+    for ev in events or ():
+        s = ev.seq(seq_id) if ev is not None else None
+        if s is not None:
+            out.append(s)
+    return out
+
+
+def context_len(evs: list) -> int:
+    """Positions computed so far: the end of the latest step's chunk. Rows beyond it are stale (rewind)."""
+    if not evs:
+        return 0
+    last = evs[-1]
+    return int(last.chunk_start + last.num_processed)
+
+
+def _head_index(cap, head: int, num_rows: int) -> int | None:
+    heads = cap.attention_heads
+    if heads is None:
+        return head if 0 <= head < num_rows else None
+    heads = list(heads)
+    return heads.index(head) if head in heads else None
+
+
+def _assemble(events, seq_id: int, layer: int, heads: list[int], max_positions: int | None):
+    """Attention matrices of `heads` for positions [lo, T): (array [len(heads), n, n], lo, T, filled).
+
+    Row p holds the weights of query p over keys lo..T-1 (zeros after p); rows never captured are NaN.
+    """
+    evs = seq_events(events, seq_id)
+    T = context_len(evs)
+    lo = 0 if max_positions is None else max(0, T - int(max_positions))
+    n = T - lo
+    out = np.full((len(heads), n, n), np.nan)
+    filled: set[int] = set()
+    for s in evs:
+        cap = s.capture
+        if cap is None or layer not in (cap.attention or {}) or not cap.positions:
+            continue
+        block = cap.attention[layer]
+        rows = [(i, p) for i, p in enumerate(cap.positions) if lo <= p < T]
+        if not rows:
+            continue
+        i0, i1 = rows[0][0], rows[-1][0] + 1
+        idx = [_head_index(cap, h, block.shape[0]) for h in heads]
+        have = [k for k, hi in enumerate(idx) if hi is not None]
+        if not have:
+            continue
+        sub = to_np(block[[idx[k] for k in have]][:, i0:i1, lo:])  # [heads, rows, keys from lo]
+        for i, p in rows:
+            r = i - i0
+            width = p + 1 - lo
+            for j, k in enumerate(have):
+                out[k, p - lo, :] = 0.0
+                out[k, p - lo, :width] = sub[j, r, :width]
+            filled.add(p)
+    return out, lo, T, sorted(filled)
+
+
+def attention_matrix(events, seq_id: int, layer: int, head: int) -> tuple[np.ndarray, list[int]]:
+    """The causal attention matrix [T, T] of one head for positions 0..T-1, and the positions captured.
+
+    Row p: the weights of query p over keys 0..p (entries after p are 0). Each position keeps the row of the
+    latest step that computed it; a position no captured step computed (capture off, prefix-cache hit) is a
+    NaN row. T is the context computed so far (end of the latest step's chunk for this sequence).
+    """
+    mats, _, _, filled = _assemble(events, seq_id, layer, [head], None)
+    return mats[0], filled
+
+
+def _round(a: np.ndarray, digits: int = 4) -> np.ndarray:
+    return np.round(a, digits)
+
+
+def _upper_to_nan(m: np.ndarray) -> np.ndarray:
+    """Keys after the query are not visible to it: blank them (no colour, no hover) instead of 0."""
+    m = m.copy()
+    n = m.shape[-1]
+    m[..., np.triu(np.ones((n, n), dtype=bool), k=1)] = np.nan
+    return m
+
+
+def attention_heatmap(events, seq_id: int, layer: int, head: int, texts: list[str] | None, lang: str = "en",
+                      max_positions: int = MAX_POSITIONS) -> dict:
+    """Heatmap of one head: query tokens on y (top to bottom), key tokens on x; the newest row outlined."""
+    t = tr(lang)
+    title = t["attn_title"].format(layer=layer, head=head)
+    uirev = "attention-heatmap"
+    mats, lo, T, filled = _assemble(events, seq_id, layer, [head], max_positions)
+    if T == 0:
+        return empty(title, t["attn_empty"], uirev)
+    if not filled:
+        return empty(title, t["attn_no_layer"].format(layer=layer, head=head), uirev)
+    n = T - lo
+    if lo > 0:
+        title += t["window"].format(n=n, total=T)
+    labels = [pos_label(p, texts) for p in range(lo, T)]
+    z = _round(_upper_to_nan(mats[0]))
+    trace = dict(
+        type="heatmap", z=z, x=labels, y=labels, colorscale=ATTN_COLORSCALE, zmin=0.0, zmax=1.0,
+        hoverongaps=False, xgap=0, ygap=0,
+        colorbar=dict(title=dict(text=t["weight"]), thickness=12),
+        hovertemplate=f"{t['query']} %{{y}} → {t['key']} %{{x}}<br>{t['weight']}: %{{z:.4f}}<extra></extra>",
+    )
+    shapes = [dict(type="rect", xref="x", yref="y", x0=-0.5, x1=n - 0.5, y0=n - 1.5, y1=n - 0.5,
+                   line=dict(color=ACCENT, width=2), fillcolor="rgba(0,0,0,0)")]
+    lay = layout(title, uirev,
+                 xaxis=dict(title=dict(text=t["x_key"]), type="category", tickfont=dict(size=9), automargin=True,
+                            showgrid=False),
+                 yaxis=dict(title=dict(text=t["y_query"]), type="category", autorange="reversed",
+                            tickfont=dict(size=9), automargin=True, showgrid=False),
+                 shapes=shapes)
+    return figure([trace], lay)
+
+
+def _latest_heads(events, seq_id: int, layer: int) -> list[int]:
+    for s in reversed(seq_events(events, seq_id)):
+        cap = s.capture
+        if cap is not None and layer in (cap.attention or {}):
+            if cap.attention_heads is not None:
+                return [int(h) for h in cap.attention_heads]
+            return list(range(int(cap.attention[layer].shape[0])))
+    return []
+
+
+def attention_heads_grid(events, seq_id: int, layer: int, texts: list[str] | None, lang: str = "en",
+                         max_positions: int = GRID_MAX_POSITIONS) -> dict:
+    """Small multiples: every captured head of `layer` as its own heatmap, one shared colour bar."""
+    t = tr(lang)
+    title = t["grid_title"].format(layer=layer)
+    uirev = "attention-grid"
+    heads = _latest_heads(events, seq_id, layer)
+    if not heads:
+        evs = seq_events(events, seq_id)
+        msg = t["attn_empty"] if not evs else t["attn_no_layer"].format(layer=layer, head="*")
+        return empty(title, msg, uirev)
+    mats, lo, T, _ = _assemble(events, seq_id, layer, heads, max_positions)
+    n = T - lo
+    if lo > 0:
+        title += t["window"].format(n=n, total=T)
+    labels = [pos_label(p, texts) for p in range(lo, T)]
+    ncols = max(1, math.ceil(math.sqrt(len(heads))))
+    nrows = math.ceil(len(heads) / ncols)
+    gx, gy = 0.02, 0.07
+    w = (1.0 - gx * (ncols - 1)) / ncols
+    h = (1.0 - gy * (nrows - 1)) / nrows
+    data, extra, notes = [], {}, []
+    z_all = _round(_upper_to_nan(mats))
+    for k, head in enumerate(heads):
+        r, c = divmod(k, ncols)
+        sfx = "" if k == 0 else str(k + 1)
+        x0 = round(c * (w + gx), 6)
+        y1 = round(1.0 - r * (h + gy), 6)
+        data.append(dict(
+            type="heatmap", z=z_all[k], x=labels, y=labels, coloraxis="coloraxis", hoverongaps=False,
+            xaxis="x" + sfx, yaxis="y" + sfx, name=f"{t['head']} {head}",
+            hovertemplate=f"{t['head']} {head}<br>%{{y}} → %{{x}}: %{{z:.3f}}<extra></extra>"))
+        extra["xaxis" + sfx] = dict(domain=[x0, min(1.0, round(x0 + w, 6))], anchor="y" + sfx, type="category",
+                                    showticklabels=False, ticks="", showgrid=False, zeroline=False)
+        extra["yaxis" + sfx] = dict(domain=[max(0.0, round(y1 - h, 6)), y1], anchor="x" + sfx, type="category",
+                                    autorange="reversed", showticklabels=False, ticks="", showgrid=False,
+                                    zeroline=False)
+        notes.append(dict(text=f"{t['head']} {head}", x=x0 + w / 2, y=y1, xref="paper", yref="paper",
+                          xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=10)))
+    lay = layout(title, uirev, annotations=notes, height=max(320, 150 * nrows + 70),
+                 coloraxis=dict(colorscale=ATTN_COLORSCALE, cmin=0.0, cmax=1.0,
+                                colorbar=dict(title=dict(text=t["weight"]), thickness=10)),
+                 margin=dict(l=20, r=20, t=50, b=20), **extra)
+    return figure(data, lay)
+
+
+def _entropy_bits(p: np.ndarray) -> float:
+    p = p[np.isfinite(p) & (p > 0)]
+    return float(-(p * np.log2(p)).sum()) if p.size else 0.0
+
+
+def head_entropy_chart(events, seq_id: int, lang: str = "en") -> dict:
+    """Layers × heads heatmap of the attention entropy (bits) of the newest captured query row."""
+    t = tr(lang)
+    uirev = "head-entropy"
+    latest = None
+    for s in seq_events(events, seq_id):
+        if s.capture is not None and s.capture.attention and s.capture.positions:
+            latest = s
+    if latest is None:
+        return empty(t["entropy_name"], t["entropy_empty"], uirev)
+    cap = latest.capture
+    pos = int(cap.positions[-1])
+    ctx = pos + 1
+    layers = sorted(cap.attention)
+    num_heads = int(cap.attention[layers[0]].shape[0])
+    heads = list(cap.attention_heads) if cap.attention_heads is not None else list(range(num_heads))
+    z = np.full((len(layers), len(heads)), np.nan)
+    for li, layer in enumerate(layers):
+        rows = to_np(cap.attention[layer][:, -1, :ctx])  # [heads, ctx]
+        for hi in range(min(len(heads), rows.shape[0])):
+            z[li, hi] = _entropy_bits(rows[hi])
+    max_bits = math.log2(ctx) if ctx > 1 else 0.0
+    trace = dict(type="heatmap", z=_round(z, 4), x=heads, y=layers, colorscale="Viridis", zmin=0.0,
+                 zmax=max(max_bits, 1e-6), colorbar=dict(title=dict(text=t["bits"]), thickness=12),
+                 hovertemplate=f"{t['layer']} %{{y}}, {t['head']} %{{x}}<br>%{{z:.2f}} {t['bits']}<extra></extra>")
+    if z.size <= 400:
+        trace.update(texttemplate="%{z:.1f}", textfont=dict(size=9))
+    title = t["entropy_title"].format(pos=pos, ctx=ctx, max=max_bits)
+    lay = layout(title, uirev,
+                 xaxis=dict(title=dict(text=t["x_head"]), dtick=1, showgrid=False),
+                 yaxis=dict(title=dict(text=t["y_layer"]), showgrid=False))
+    return figure([trace], lay)
+
+
+def lens_columns(events, seq_id: int) -> dict[int, tuple[np.ndarray, list[list[str]]]]:
+    """Logit-lens columns by position, the latest step winning: {pos: (probs [layers, k], tokens [layers][k])}."""
+    evs = seq_events(events, seq_id)
+    T = context_len(evs)
+    cols: dict[int, tuple[np.ndarray, list[list[str]]]] = {}
+    for s in evs:
+        cap = s.capture
+        if cap is None or not cap.lens_positions or cap.lens_probs is None or cap.lens_tokens is None:
+            continue
+        probs = to_np(cap.lens_probs)  # [layers, positions, k]
+        for j, p in enumerate(cap.lens_positions):
+            cols[int(p)] = (probs[:, j, :], [layer[j] for layer in cap.lens_tokens])
+    return {p: v for p, v in cols.items() if p < T}
+
+
+def logit_lens_chart(events, seq_id: int, lang: str = "en", texts: list[str] | None = None,
+                     max_positions: int = LENS_MAX_POSITIONS) -> dict:
+    """Layers (y, 0 at the bottom) × positions (x): colour = top-1 probability of the lens at that layer,
+    cell text = the top-1 token; hover lists the top-k. `texts` (optional) labels the input tokens."""
+    t = tr(lang)
+    uirev = "logit-lens"
+    cols = lens_columns(events, seq_id)
+    if not cols:
+        return empty(t["lens_title"], t["lens_empty"], uirev)
+    positions = sorted(cols)[-int(max_positions):]
+    num_layers = min(cols[p][0].shape[0] for p in positions)
+    z = np.zeros((num_layers, len(positions)))
+    text = [[""] * len(positions) for _ in range(num_layers)]
+    hover = [[""] * len(positions) for _ in range(num_layers)]
+    for j, p in enumerate(positions):
+        probs, toks = cols[p]
+        nxt = ""
+        if texts is not None and 0 <= p + 1 < len(texts):
+            nxt = f"<br>{t['next']}: {plain(texts[p + 1])}"
+        for layer in range(num_layers):
+            z[layer, j] = probs[layer, 0]
+            text[layer][j] = plain(toks[layer][0])
+            top = "<br>".join(f"{plain(tok)}  {pr:.3f}" for tok, pr in zip(toks[layer], probs[layer]))
+            hover[layer][j] = top + nxt
+    labels = [pos_label(p, texts) for p in positions]
+    trace = dict(type="heatmap", z=_round(z, 5), x=labels, y=list(range(num_layers)), text=text, customdata=hover,
+                 texttemplate="%{text}", textfont=dict(size=9), colorscale="YlGnBu", zmin=0.0, zmax=1.0,
+                 colorbar=dict(title=dict(text=t["top1"]), thickness=12), xgap=1, ygap=1,
+                 hovertemplate=f"{t['layer']} %{{y}} · {t['position']} %{{x}}<br>%{{customdata}}<extra></extra>")
+    lay = layout(t["lens_title"], uirev,
+                 xaxis=dict(title=dict(text=t["x_position"]), type="category", tickfont=dict(size=9),
+                            automargin=True, showgrid=False),
+                 yaxis=dict(title=dict(text=t["y_lens_layer"]), showgrid=False),
+                 height=max(360, 14 * num_layers + 120))
+    return figure([trace], lay)

@@ -1,0 +1,76 @@
+"""Shared look and helpers for chart functions."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+# One colour per sequence id, reused by every chart that distinguishes sequences (KV grid, timeline, ...).
+SEQ_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D",
+              "#BAB0AC", "#EECA3B"]
+GREY = "#C8C8C8"
+FREE = "#EEEEEE"
+ACCENT = "#D62728"
+
+
+def seq_color(seq_id: int) -> str:
+    return SEQ_COLORS[int(seq_id) % len(SEQ_COLORS)]
+
+
+def to_np(x: Any) -> np.ndarray:
+    """Tensor, list or array -> float numpy array (None -> nan)."""
+    if x is None:
+        return np.zeros(0)
+    if hasattr(x, "detach"):
+        return x.detach().cpu().float().numpy()
+    return np.asarray([np.nan if v is None else v for v in x] if isinstance(x, list) and x and not isinstance(x[0], list) else x,
+                      dtype=float)
+
+
+def clean(v: Any) -> Any:
+    """Make a value JSON-safe for the browser: numpy -> lists, non-finite floats -> None."""
+    if isinstance(v, np.ndarray):
+        return clean(v.tolist())
+    if isinstance(v, (np.floating, float)):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, dict):
+        return {k: clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [clean(x) for x in v]
+    return v
+
+
+def layout(title: str, uirevision: str, **extra) -> dict:
+    """A compact layout. `uirevision` stays constant for a chart so Plotly.react keeps the user's zoom/pan."""
+    base = dict(
+        title=dict(text=title, font=dict(size=14), x=0.01, xanchor="left"),
+        margin=dict(l=50, r=20, t=40, b=40),
+        uirevision=uirevision,
+        hovermode="closest",
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        font=dict(family="Inter, system-ui, sans-serif", size=12),
+        showlegend=False,
+    )
+    base.update(extra)
+    return base
+
+
+def figure(data: list[dict], layout_: dict) -> dict:
+    return clean({"data": data, "layout": layout_})
+
+
+def empty(title: str, message: str, uirevision: str) -> dict:
+    """A placeholder figure with a centred message (e.g. 'Step the engine to see attention')."""
+    return figure([], layout(title, uirevision, xaxis=dict(visible=False), yaxis=dict(visible=False),
+                             annotations=[dict(text=message, showarrow=False, x=0.5, y=0.5, xref="paper",
+                                               yref="paper", font=dict(size=13, color="#777"))]))
+
+
+def token_label(text: str) -> str:
+    """Printable token text for axes and hovers: show spaces and newlines explicitly."""
+    return text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥") or "∅"

@@ -1,0 +1,97 @@
+"""Detokenizer panel: what each sampled token's bytes turned into, step by step, for one sequence."""
+from __future__ import annotations
+
+from typing import Any
+
+from .common import empty, figure, layout
+from .sampling import plot_label, plot_text
+
+UIREV = "chart-detok"
+HELD_FILL = "#FFF4D6"
+STOP_FILL = "#FDE2E2"
+ROW_FILL = "white"
+
+TEXT = {
+    "en": {
+        "title": "Detokenizer: the last {n} tokens of sequence {seq}",
+        "empty_title": "Detokenizer",
+        "empty": "No token sampled for this sequence yet: press Step.",
+        "cols": ["step", "token id", "token", "bytes (hex)", "emitted text", "held back", "stop string"],
+        "matched": "matched",
+    },
+    "ru": {
+        "title": "Детокенизатор: последние {n} токенов последовательности {seq}",
+        "empty_title": "Детокенизатор",
+        "empty": "Для этой последовательности токен ещё не выбран: нажмите «Шаг».",
+        "cols": ["шаг", "id токена", "токен", "байты (hex)", "выданный текст", "придержано", "стоп-строка"],
+        "matched": "совпала",
+    },
+}
+
+
+def _g(obj: Any, key: str, default: Any = None) -> Any:
+    """Read a field of an event object or of its to_dict() form."""
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def seq_steps(events, seq_id: int) -> list[tuple[int, Any]]:
+    """(step, SeqEvent) of every step in which `seq_id` sampled a token (has a detokenizer record)."""
+    out = []
+    for ev in events or []:
+        for s in _g(ev, "seqs", []) or []:
+            if _g(s, "seq_id") == seq_id and _g(s, "detok") is not None:
+                out.append((_g(ev, "step"), s))
+    return out
+
+
+def held_display(detok: dict) -> str:
+    """Held-back text plus incomplete UTF-8 bytes, e.g. ' in' or '⟨d0⟩' (unescaped)."""
+    held = detok.get("held_text") or ""
+    hb = (detok.get("held_bytes") or "").strip()
+    return held + (f"⟨{hb}⟩" if hb else "")
+
+
+def detok_table(events, seq_id: int, last_n: int = 12, lang: str = "en") -> dict:
+    """A table of the last `last_n` sampled tokens of one sequence: step, id, token text, its bytes in hex,
+    the text the detokenizer released, what it still holds back (stop-string prefix or incomplete UTF-8 bytes)
+    and the stop-string state. Rows holding something back are tinted yellow, a matched stop red."""
+    tx = _t(lang)
+    rows = seq_steps(events, seq_id)[-max(1, int(last_n)):]
+    if not rows:
+        return empty(tx["empty_title"], tx["empty"], UIREV)
+    cols: list[list] = [[] for _ in range(7)]
+    fills = []
+    for step, s in rows:
+        d = _g(s, "detok") or {}
+        text = _g(s, "new_token_text") or ""
+        held = held_display(d)
+        stop = d.get("stop")
+        partial = d.get("stop_partial") or ""
+        cols[0].append(step)
+        cols[1].append(d.get("token_id", _g(s, "new_token")))
+        cols[2].append(plot_label(text))
+        cols[3].append(plot_text(d.get("token_bytes") or ""))
+        emitted = _g(s, "emitted") or d.get("emitted") or ""  # includes the flush at a length/eos finish
+        cols[4].append(plot_label(emitted) if emitted else "")
+        cols[5].append(plot_label(held) if held else "")
+        if stop is not None:
+            cols[6].append(f"{tx['matched']}: {plot_label(stop)}")
+        else:
+            cols[6].append(plot_label(partial) if partial else "")
+        fills.append(STOP_FILL if stop is not None else (HELD_FILL if held else ROW_FILL))
+    trace = dict(
+        type="table", columnwidth=[36, 56, 90, 90, 110, 80, 90],
+        header=dict(values=[f"<b>{c}</b>" for c in tx["cols"]], fill=dict(color="#F0F0F0"), align="left",
+                    font=dict(size=12)),
+        cells=dict(values=cols, align="left", height=24, fill=dict(color=[fills] * 7),
+                   font=dict(family="JetBrains Mono, ui-monospace, monospace", size=12)),
+    )
+    lay = layout(tx["title"].format(n=len(rows), seq=seq_id), UIREV, height=min(110 + 32 * len(rows), 480),
+                 margin=dict(l=10, r=10, t=40, b=10))
+    return figure([trace], lay)
+
+
+def _t(lang: str) -> dict:
+    return TEXT.get(lang, TEXT["en"])

@@ -1,0 +1,144 @@
+"""Token embeddings: a 2-D PCA of the sequence's input embeddings, and a token's nearest neighbours."""
+from __future__ import annotations
+
+import numpy as np
+
+from .attention import context_len, plain, seq_events
+from .common import empty, figure, layout, to_np
+
+MAX_POINTS = 512
+PROMPT_COLOR = "#4C78A8"
+GENERATED_COLOR = "#F58518"
+
+TEXT = {
+    "en": {
+        "pca_title": "Input embeddings of the sequence, PCA to 2-D ({n} tokens)",
+        "pca_empty": "Step the engine with capture on to see the token embeddings",
+        "pc": "PC{k} ({pct:.1f}% of variance)",
+        "prompt": "prompt",
+        "generated": "generated",
+        "position": "position",
+        "nb_title": "Nearest tokens to {tok} (cosine of input embeddings)",
+        "nb_empty": "Pick a token to see its nearest neighbours in the embedding table",
+        "cosine": "Cosine similarity",
+        "token": "Token",
+    },
+    "ru": {
+        "pca_title": "Входные эмбеддинги последовательности, PCA в 2-D (токенов: {n})",
+        "pca_empty": "Сделайте шаг движка с включённым захватом, чтобы увидеть эмбеддинги токенов",
+        "pc": "ГК{k} ({pct:.1f}% дисперсии)",
+        "prompt": "промпт",
+        "generated": "сгенерировано",
+        "position": "позиция",
+        "nb_title": "Ближайшие к {tok} токены (косинус входных эмбеддингов)",
+        "nb_empty": "Выберите токен, чтобы увидеть его ближайших соседей в таблице эмбеддингов",
+        "cosine": "Косинусное сходство",
+        "token": "Токен",
+    },
+}
+
+
+def _tr(lang: str) -> dict:
+    return TEXT[lang if lang in TEXT else "en"]
+
+
+def pca_2d(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of `x` projected on their first two principal components, and the explained-variance ratios.
+
+    Centres the rows, takes the SVD; each component's sign is fixed so its largest-magnitude loading is
+    positive (a stable orientation from step to step). Fewer than two components pad with zeros.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[0]
+    coords, ratio = np.zeros((n, 2)), np.zeros(2)
+    if n == 0:
+        return coords, ratio
+    xc = x - x.mean(axis=0, keepdims=True)
+    _, s, vt = np.linalg.svd(xc, full_matrices=False)
+    k = min(2, vt.shape[0])
+    comps = vt[:k].copy()
+    for i in range(k):
+        if comps[i, np.argmax(np.abs(comps[i]))] < 0:
+            comps[i] = -comps[i]
+    coords[:, :k] = xc @ comps.T
+    total = float((s ** 2).sum())
+    if total > 0:
+        ratio[:k] = (s[:k] ** 2) / total
+    return coords, ratio
+
+
+def embedding_rows(events, seq_id: int) -> tuple[list[int], np.ndarray, int]:
+    """(positions, embedding rows [n, hidden], prompt length) of the sequence, latest step per position."""
+    evs = seq_events(events, seq_id)
+    T = context_len(evs)
+    rows: dict[int, np.ndarray] = {}
+    n_prompt = evs[-1].prompt_len if evs else 0
+    for s in evs:
+        cap = s.capture
+        if cap is None or cap.embeddings is None:
+            continue
+        emb = to_np(cap.embeddings)
+        for i, p in enumerate(cap.positions):
+            rows[int(p)] = emb[i]
+    positions = sorted(p for p in rows if p < T)
+    if not positions:
+        return [], np.zeros((0, 0)), n_prompt
+    return positions, np.stack([rows[p] for p in positions]), n_prompt
+
+
+def embedding_pca(events, seq_id: int, texts: list[str] | None, lang: str = "en",
+                  max_points: int = MAX_POINTS) -> dict:
+    """Scatter of the sequence's input embeddings in 2-D (PCA), labelled with token text,
+    prompt and generated tokens in two colours. Identical tokens share one embedding, so they coincide."""
+    t = _tr(lang)
+    uirev = "embedding-pca"
+    positions, x, n_prompt = embedding_rows(events, seq_id)
+    if not positions:
+        return empty(t["pca_title"].format(n=0), t["pca_empty"], uirev)
+    positions, x = positions[-int(max_points):], x[-int(max_points):]
+    coords, ratio = pca_2d(x)
+    coords = np.round(coords, 5)
+    data = []
+    for name, color, keep in ((t["prompt"], PROMPT_COLOR, lambda p: p < n_prompt),
+                              (t["generated"], GENERATED_COLOR, lambda p: p >= n_prompt)):
+        idx = [i for i, p in enumerate(positions) if keep(p)]
+        if not idx:
+            continue
+        labels = [plain(texts[positions[i]]) if texts is not None and positions[i] < len(texts) else ""
+                  for i in idx]
+        data.append(dict(
+            type="scatter", mode="markers+text", name=name,
+            x=coords[idx, 0], y=coords[idx, 1], text=labels, customdata=[[positions[i]] for i in idx],
+            textposition="top center", textfont=dict(size=10, color=color),
+            marker=dict(color=color, size=8, line=dict(color="white", width=1)),
+            hovertemplate=f"{t['position']} %{{customdata[0]}} · %{{text}}<br>"
+                          f"PC1 %{{x:.3f}}, PC2 %{{y:.3f}}<extra>{name}</extra>"))
+    lay = layout(t["pca_title"].format(n=len(positions)), uirev,
+                 xaxis=dict(title=dict(text=t["pc"].format(k=1, pct=100 * ratio[0])), zeroline=False,
+                            showgrid=True, gridcolor="#eee"),
+                 yaxis=dict(title=dict(text=t["pc"].format(k=2, pct=100 * ratio[1])), zeroline=False,
+                            showgrid=True, gridcolor="#eee"),
+                 showlegend=True, legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"),
+                 margin=dict(l=50, r=20, t=60, b=40))
+    return figure(data, lay)
+
+
+def neighbours_chart(neighbours: list[tuple[int, str, float]], token_text: str, lang: str = "en") -> dict:
+    """Horizontal bars of cosine similarity, closest on top; input is Engine.nearest_tokens(token_id, k)."""
+    t = _tr(lang)
+    uirev = "embedding-neighbours"
+    title = t["nb_title"].format(tok=f"«{plain(token_text)}»")
+    if not neighbours:
+        return empty(title, t["nb_empty"], uirev)
+    ids = [int(i) for i, _, _ in neighbours]
+    labels = [f"{plain(text)}  #{i}" for i, text, _ in neighbours]  # the id keeps labels unique
+    cos = [float(c) for _, _, c in neighbours]
+    trace = dict(type="bar", orientation="h", x=cos, y=labels, customdata=ids, marker=dict(color=PROMPT_COLOR),
+                 texttemplate="%{x:.3f}", textposition="auto",
+                 hovertemplate=f"%{{y}}<br>{t['cosine']}: %{{x:.4f}}<extra></extra>")
+    lo = min(0.0, min(cos))
+    lay = layout(title, uirev,
+                 xaxis=dict(title=dict(text=t["cosine"]), range=[lo, 1.0], showgrid=True, gridcolor="#eee"),
+                 yaxis=dict(title=dict(text=t["token"]), type="category", autorange="reversed", automargin=True),
+                 height=max(260, 24 * len(labels) + 90))
+    return figure([trace], lay)

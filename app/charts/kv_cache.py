@@ -1,0 +1,315 @@
+"""KV-cache panel: the paged block pool, the per-sequence block tables and where the memory goes.
+
+All three read one StepEvent (or its to_dict() form): event.blocks (id, refcount, state, hashed, owners),
+event.block_tables and event.kv (BlockManager.stats() plus bytes and the naive allocator's numbers).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .common import FREE, GREY, SEQ_COLORS, empty, figure, layout, seq_color
+
+COLS = 32  # blocks per grid row: block id = row * COLS + col
+UIREV_POOL = "chart-kv-pool"
+UIREV_TABLES = "chart-kv-tables"
+UIREV_MEMORY = "chart-kv-memory"
+
+# Discrete colour codes shared by the pool grid and the block tables.
+CODE_FREE = 0
+CODE_CACHED = 1
+CODE_SEQ0 = 2  # + seq_id % len(SEQ_COLORS): the same colour seq_color(seq_id) gives everywhere else
+NUM_CODES = CODE_SEQ0 + len(SEQ_COLORS)
+FREE_COLOR = "#FAFAFA"  # near-white: a free block
+ORPHAN_COLOR = "#555555"
+
+MEM_COLORS = {"used": "#4C78A8", "cached": GREY, "free": FREE, "stored": "#54A24B", "paged_waste": "#F58518",
+              "naive_waste": "#E45756"}
+
+TEXT = {
+    "en": {
+        "pool": "KV block pool",
+        "pool_title": "KV block pool: {used} used · {cached} cached · {free} free of {n} blocks × {bs} tokens",
+        "no_event": "Step the engine to see the KV block pool.",
+        "state": {"used": "used", "cached": "cached (free, prefix kept)", "free": "free"},
+        "seq": "seq",
+        "block": "block",
+        "refcount": "refcount",
+        "owners": "owners",
+        "hashed": "hashed (full, reusable prefix)",
+        "yes": "yes", "no": "no",
+        "col": "block id mod 32",
+        "row": "blocks",
+        "tables": "Block tables",
+        "tables_title": "Block tables: logical block → physical block",
+        "no_tables": "No sequence holds KV blocks right now.",
+        "logical": "logical block",
+        "logical_axis": "logical block i (holds tokens i·{bs} … i·{bs}+{last})",
+        "tokens": "tokens",
+        "shared_by": "shared by seqs",
+        "memory": "KV memory",
+        "memory_title": "KV memory: paged pool vs a naive contiguous allocator",
+        "rows": ["paged pool", "paged: used blocks", "naive contiguous"],
+        "used": "used blocks", "cached": "cached (reusable prefix)", "free_": "free",
+        "stored": "tokens stored (paged: shared prefixes once)", "paged_waste": "paged: unused slots in last blocks",
+        "naive_waste": "naive: reserved for max_tokens, unused",
+        "pool_size": "pool size",
+        "bytes": "bytes",
+    },
+    "ru": {
+        "pool": "Пул блоков KV",
+        "pool_title": "Пул блоков KV: {used} занято · {cached} в кэше · {free} свободно из {n} блоков × {bs} токенов",
+        "no_event": "Сделайте шаг, чтобы увидеть пул блоков KV.",
+        "state": {"used": "занят", "cached": "в кэше (свободен, префикс сохранён)", "free": "свободен"},
+        "seq": "посл.",
+        "block": "блок",
+        "refcount": "ссылок",
+        "owners": "владельцы",
+        "hashed": "хеширован (полный, переиспользуемый префикс)",
+        "yes": "да", "no": "нет",
+        "col": "номер блока mod 32",
+        "row": "блоки",
+        "tables": "Таблицы блоков",
+        "tables_title": "Таблицы блоков: логический блок → физический блок",
+        "no_tables": "Сейчас ни одна последовательность не держит блоков KV.",
+        "logical": "логический блок",
+        "logical_axis": "логический блок i (токены i·{bs} … i·{bs}+{last})",
+        "tokens": "токены",
+        "shared_by": "общий для посл.",
+        "memory": "Память KV",
+        "memory_title": "Память KV: страничный пул против наивного непрерывного выделения",
+        "rows": ["страничный пул", "страничный: занятые блоки", "наивный непрерывный"],
+        "used": "занятые блоки", "cached": "в кэше (префиксы)", "free_": "свободно",
+        "stored": "хранимые токены (страничный: общий префикс один раз)",
+        "paged_waste": "страничный: пустые слоты последних блоков",
+        "naive_waste": "наивный: зарезервировано под max_tokens, не занято",
+        "pool_size": "размер пула",
+        "bytes": "байты",
+    },
+}
+
+
+def _t(lang: str) -> dict:
+    return TEXT.get(lang, TEXT["en"])
+
+
+def _g(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def discrete_colorscale() -> list:
+    """Plotly colorscale mapping integer codes 0..NUM_CODES-1 (with zmin=-0.5, zmax=NUM_CODES-0.5) to colours."""
+    colors = [FREE_COLOR, GREY] + list(SEQ_COLORS)
+    scale = []
+    for i, c in enumerate(colors):
+        scale.append([i / NUM_CODES, c])
+        scale.append([(i + 1) / NUM_CODES, c])
+    return scale
+
+
+def block_code(block: dict) -> int:
+    """Colour code of a block: owning sequence (its first owner) when used, else cached / free."""
+    owners = block.get("owners") or []
+    if block.get("state") == "used" and owners:
+        return CODE_SEQ0 + int(owners[0]) % len(SEQ_COLORS)
+    if block.get("state") == "used":
+        return CODE_CACHED  # a used block with no table (never expected): shown like cached
+    return CODE_CACHED if block.get("state") == "cached" else CODE_FREE
+
+
+def _legend(name: str, color: str) -> dict:
+    """An empty trace that only puts a coloured square in the legend."""
+    return dict(type="scatter", mode="markers", x=[None], y=[None], name=name, showlegend=True, hoverinfo="skip",
+                marker=dict(symbol="square", size=11, color=color, line=dict(color="#999", width=1)))
+
+
+def _fmt_bytes(b: float) -> str:
+    b = float(b)
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(b) >= div:
+            return f"{b / div:.2f} {unit}"
+    return f"{b:.0f} B"
+
+
+def block_pool_chart(event, lang: str = "en") -> dict:
+    """The pool as a grid, COLS blocks per row (block id = row*COLS + col).
+
+    z = colour code (owner's sequence colour / cached grey / free near-white); text "×n" on blocks shared by n
+    sequences; customdata[row][col] = [id, state, refcount, "owners" ("—" if none), hashed, state label, hashed
+    label] (None on padding cells). The hover is a template over customdata, so the payload stays small.
+    """
+    tx = _t(lang)
+    blocks = list(_g(event, "blocks", None) or []) if event is not None else []
+    if not blocks:
+        return empty(tx["pool"], tx["no_event"], UIREV_POOL)
+    kv = _g(event, "kv", {}) or {}
+    n = len(blocks)
+    cols = COLS
+    rows = math.ceil(n / cols)
+    z = [[None] * cols for _ in range(rows)]
+    text = [[""] * cols for _ in range(rows)]
+    cd = [[None] * cols for _ in range(rows)]
+    owners_seen: set[int] = set()
+    for b in sorted(blocks, key=lambda b: b["id"]):
+        bid = int(b["id"])
+        r, c = divmod(bid, cols)
+        owners = [int(o) for o in b.get("owners") or []]
+        owners_seen.update(owners)
+        rc = int(b.get("refcount", 0))
+        state = b.get("state", "free")
+        z[r][c] = block_code(b)
+        text[r][c] = f"×{rc}" if rc > 1 else ""
+        owners_s = ", ".join(str(o) for o in owners)
+        hashed = bool(b.get("hashed"))
+        # [id, state, refcount, owners, hashed] for code and tests, then the localised state and hashed words.
+        cd[r][c] = [bid, state, rc, owners_s or "—", hashed, tx["state"].get(state, state),
+                    tx["yes"] if hashed else tx["no"]]
+    hover = (f"{tx['block']} %{{customdata[0]}}<br>%{{customdata[5]}}<br>{tx['refcount']} %{{customdata[2]}}"
+             f"<br>{tx['owners']}: %{{customdata[3]}}<br>{tx['hashed']}: %{{customdata[6]}}<extra></extra>")
+    heat = dict(type="heatmap", name="blocks", z=z, text=text, texttemplate="%{text}", textfont=dict(size=10),
+                customdata=cd, hovertemplate=hover,
+                colorscale=discrete_colorscale(), zmin=-0.5, zmax=NUM_CODES - 0.5, showscale=False, hoverongaps=False,
+                xgap=2, ygap=2, x=list(range(cols)), y=list(range(rows)))
+    data = [heat]
+    for s in sorted(owners_seen):
+        data.append(_legend(f"{tx['seq']} {s}", seq_color(s)))
+    data.append(_legend(tx["state"]["cached"], GREY))
+    data.append(_legend(tx["state"]["free"], FREE_COLOR))
+    title = tx["pool_title"].format(used=kv.get("used", sum(b["state"] == "used" for b in blocks)),
+                                    cached=kv.get("cached", sum(b["state"] == "cached" for b in blocks)),
+                                    free=kv.get("free", sum(b["state"] == "free" for b in blocks)),
+                                    n=n, bs=kv.get("block_size", "?"))
+    lay = layout(title, UIREV_POOL, showlegend=True, height=max(170, 24 * rows + 130),
+                 legend=dict(orientation="h", y=-0.02, yanchor="top", x=0, font=dict(size=11)),
+                 margin=dict(l=70, r=10, t=40, b=40),
+                 xaxis=dict(range=[-0.5, cols - 0.5], showgrid=False, zeroline=False, tickmode="array",
+                            tickvals=[0, 8, 16, 24, 31], side="top", title=dict(text="")),
+                 yaxis=dict(range=[rows - 0.5, -0.5], showgrid=False, zeroline=False, tickmode="array",
+                            tickvals=list(range(rows)),
+                            ticktext=[f"{r * cols}–{min(n, (r + 1) * cols) - 1}" for r in range(rows)],
+                            title=dict(text=tx["row"])))
+    return figure(data, lay)
+
+
+def block_tables_chart(event, lang: str = "en") -> dict:
+    """One row per sequence (sorted by id): cell i = the physical block holding its logical block i.
+
+    customdata[row][i] = physical block id (None past the end of that table); colour = the first owner of that
+    physical block, so a prefix block shared with another sequence shows in that sequence's colour.
+    """
+    tx = _t(lang)
+    tables = _g(event, "block_tables", None) if event is not None else None
+    tables = {int(k): [int(b) for b in v] for k, v in (tables or {}).items()}
+    if not tables:
+        return empty(tx["tables"], tx["no_tables"], UIREV_TABLES)
+    by_id = {int(b["id"]): b for b in _g(event, "blocks", []) or []}
+    bs = int((_g(event, "kv", {}) or {}).get("block_size", 16))
+    seqs = sorted(tables)
+    width = max(len(t) for t in tables.values())
+    z, text, cd, hover = [], [], [], []
+    for s in seqs:
+        t = tables[s]
+        zr, tr, cr, hr = [], [], [], []
+        for i in range(width):
+            if i < len(t):
+                pb = t[i]
+                b = by_id.get(pb, {"state": "used", "owners": [s], "refcount": 1})
+                owners = [int(o) for o in b.get("owners") or [s]]
+                zr.append(block_code(b) if b.get("owners") else CODE_SEQ0 + s % len(SEQ_COLORS))
+                tr.append(str(pb))
+                cr.append(pb)
+                shared = f"<br>{tx['shared_by']} {', '.join(map(str, owners))}" if len(owners) > 1 else ""
+                hr.append(f"{tx['seq']} {s} · {tx['logical']} {i} ({tx['tokens']} {i * bs}–"
+                          f"{(i + 1) * bs - 1})<br>→ {tx['block']} {pb} · {tx['refcount']} "
+                          f"{b.get('refcount', 1)}{shared}")
+            else:
+                zr.append(None)
+                tr.append("")
+                cr.append(None)
+                hr.append("")
+        z.append(zr)
+        text.append(tr)
+        cd.append(cr)
+        hover.append(hr)
+    heat = dict(type="heatmap", name="tables", z=z, text=text, texttemplate="%{text}", textfont=dict(size=11),
+                customdata=cd, hovertext=hover, hovertemplate="%{hovertext}<extra></extra>",
+                colorscale=discrete_colorscale(), zmin=-0.5, zmax=NUM_CODES - 0.5, showscale=False, hoverongaps=False,
+                xgap=2, ygap=2,
+                x=list(range(width)), y=list(range(len(seqs))))
+    lay = layout(tx["tables_title"], UIREV_TABLES, height=max(150, 30 * len(seqs) + 110),
+                 margin=dict(l=60, r=10, t=40, b=45),
+                 xaxis=dict(title=dict(text=tx["logical_axis"].format(bs=bs, last=bs - 1)), tickmode="linear", dtick=1,
+                            range=[-0.5, width - 0.5], showgrid=False, zeroline=False),
+                 yaxis=dict(tickmode="array", tickvals=list(range(len(seqs))),
+                            ticktext=[f"{tx['seq']} {s}" for s in seqs], range=[len(seqs) - 0.5, -0.5],
+                            showgrid=False, zeroline=False, title=dict(text="")))
+    return figure([heat], lay)
+
+
+def memory_numbers(kv: dict) -> dict:
+    """Bytes of each bar segment of kv_memory_chart, from event.kv."""
+    bpt = float(kv.get("bytes_per_token", 0))
+    naive = int(kv.get("naive_reserved_tokens", 0))
+    stored_tokens = naive - int(kv.get("naive_waste_tokens", 0))  # one copy per live sequence
+    used = float(kv.get("used_bytes", 0))
+    paged_waste = int(kv.get("paged_waste_tokens", 0)) * bpt
+    return {
+        "used": used,
+        "cached": float(kv.get("cached_bytes", 0)),
+        "free": float(kv.get("free_bytes", 0)),
+        "stored_tokens": stored_tokens,
+        "stored": stored_tokens * bpt,
+        # The used blocks hold each shared prefix once: what they store is their size minus the empty slots.
+        "paged_stored": max(0.0, used - paged_waste),
+        "paged_waste": paged_waste,
+        "naive_waste": int(kv.get("naive_waste_tokens", 0)) * bpt,
+        "naive_reserved": naive * bpt,
+        "pool": float(kv.get("pool_bytes", 0)),
+    }
+
+
+def kv_memory_chart(event, lang: str = "en") -> dict:
+    """Stacked horizontal bars in bytes, three rows:
+    paged pool = used + cached + free blocks (kv used_bytes / cached_bytes / free_bytes);
+    paged: used blocks = tokens stored (shared prefixes once) + unused slots of last blocks (paged_waste_tokens);
+    naive contiguous = tokens stored (one copy per sequence) + the rest of the max_tokens it reserves up front
+    (naive_reserved_tokens in total). Tokens are converted with bytes_per_token. A dashed line marks the pool size.
+    """
+    tx = _t(lang)
+    kv = _g(event, "kv", None) if event is not None else None
+    if not kv:
+        return empty(tx["memory"], tx["no_event"], UIREV_MEMORY)
+    m = memory_numbers(kv)
+    bpt = float(kv.get("bytes_per_token", 0)) or 1.0
+    r_pool, r_paged, r_naive = tx["rows"]
+
+    def bar(key: str, name: str, ys: list[str], values: list[float]) -> dict:
+        return dict(type="bar", orientation="h", name=name, y=ys, x=values,
+                    marker=dict(color=MEM_COLORS[key], line=dict(color="#999", width=0.5)),
+                    customdata=[[_fmt_bytes(v), round(v / bpt)] for v in values],
+                    hovertemplate=f"{name}<br>%{{customdata[0]}} = %{{customdata[1]}} {tx['tokens']}<extra></extra>")
+
+    data = [
+        bar("used", tx["used"], [r_pool], [m["used"]]),
+        bar("cached", tx["cached"], [r_pool], [m["cached"]]),
+        bar("free", tx["free_"], [r_pool], [m["free"]]),
+        bar("stored", tx["stored"], [r_paged, r_naive], [m["paged_stored"], m["stored"]]),
+        bar("paged_waste", tx["paged_waste"], [r_paged], [m["paged_waste"]]),
+        bar("naive_waste", tx["naive_waste"], [r_naive], [m["naive_waste"]]),
+    ]
+    shapes, annotations = [], []
+    if m["pool"] > 0:
+        shapes.append(dict(type="line", xref="x", yref="paper", x0=m["pool"], x1=m["pool"], y0=0, y1=1,
+                           line=dict(color="#333", dash="dash", width=1.5)))
+        annotations.append(dict(text=f"{tx['pool_size']} {_fmt_bytes(m['pool'])}", x=m["pool"], y=1, xref="x",
+                                yref="paper", yanchor="bottom", showarrow=False, font=dict(size=11)))
+    lay = layout(tx["memory_title"], UIREV_MEMORY, barmode="stack", showlegend=True, height=300,
+                 shapes=shapes, annotations=annotations, bargap=0.35,
+                 legend=dict(orientation="h", y=-0.25, yanchor="top", x=0, font=dict(size=11), traceorder="normal"),
+                 margin=dict(l=150, r=20, t=50, b=40),
+                 xaxis=dict(title=dict(text=tx["bytes"]), tickformat=".3s", gridcolor="#EEE", rangemode="tozero"),
+                 yaxis=dict(categoryorder="array", categoryarray=[r_pool, r_paged, r_naive], autorange="reversed",
+                            title=dict(text="")))
+    return figure(data, lay)

@@ -1,0 +1,262 @@
+"""Sampling panel: the chain of cuts (one subplot per stage) and the inverse-CDF draw.
+
+Both charts read one sampling trace (SeqEvent.sampling or Engine.what_if(...)): tracked token ids and texts,
+one snapshot per stage (renormalised probs, kept flags, survivors over the vocabulary, mass removed), the
+uniform number u, the chosen token and the cumulative distribution in draw order.
+"""
+from __future__ import annotations
+
+from .common import ACCENT, GREY, empty, figure, layout, token_label
+
+CHAIN_ORDER = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
+KEPT_COLOR = "#4C78A8"
+WHAT_IF_COLOR = "#FF7F0E"
+U_COLOR = "#FF7F0E"
+UIREV_CHAIN = "chart-sampling"
+UIREV_CDF = "chart-cdf"
+
+TEXT = {
+    "en": {
+        "chain": "Sampling chain",
+        "chain_title": "Sampling chain → {tok} (p = {p:.3f}, raw rank {rank})",
+        "what_if": "what-if (not applied until the next step)",
+        "what_if_badge": "WHAT-IF",
+        "no_trace": "Step the engine: the sampling chain appears once a token is sampled.",
+        "off": "off",
+        "kept": "kept",
+        "removed": "removed",
+        "prob": "probability",
+        "removed_mass": "removed",
+        "cdf": "Inverse-CDF draw",
+        "cdf_title": "Inverse-CDF draw: u = {u:.4f} → {tok} (p = {p:.3f})",
+        "greedy": "temperature 0: argmax, no draw",
+        "greedy_title": "Greedy: {tok} (temperature 0: argmax, no draw)",
+        "cum": "cumulative probability",
+        "draw_order": "surviving tokens in draw order (most probable first)",
+        "tail": "{m:.1%} of the mass lies in untracked tokens",
+        "chosen": "chosen",
+        "stage": "stage",
+        "tokens_axis": "tracked tokens (top by logit + the chosen one)",
+    },
+    "ru": {
+        "chain": "Цепочка сэмплирования",
+        "chain_title": "Цепочка сэмплирования → {tok} (p = {p:.3f}, ранг по логитам {rank})",
+        "what_if": "что-если (применится только со следующего шага)",
+        "what_if_badge": "ЧТО-ЕСЛИ",
+        "no_trace": "Сделайте шаг: цепочка появится, когда будет выбран токен.",
+        "off": "выкл.",
+        "kept": "оставлен",
+        "removed": "отсечён",
+        "prob": "вероятность",
+        "removed_mass": "отсечено",
+        "cdf": "Выбор по обратной CDF",
+        "cdf_title": "Выбор по обратной CDF: u = {u:.4f} → {tok} (p = {p:.3f})",
+        "greedy": "температура 0: argmax, без розыгрыша",
+        "greedy_title": "Жадно: {tok} (температура 0: argmax, без розыгрыша)",
+        "cum": "накопленная вероятность",
+        "draw_order": "оставшиеся токены в порядке розыгрыша (самые вероятные первыми)",
+        "tail": "{m:.1%} массы приходится на неотслеживаемые токены",
+        "chosen": "выбран",
+        "stage": "этап",
+        "tokens_axis": "отслеживаемые токены (лучшие по логиту + выбранный)",
+    },
+}
+
+
+def _t(lang: str) -> dict:
+    return TEXT.get(lang, TEXT["en"])
+
+
+def plot_text(text: str) -> str:
+    """Escape text for Plotly labels, hovers and table cells (Plotly reads '<...>' as markup tags)."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def plot_label(text: str, max_len: int | None = None) -> str:
+    """token_label (visible spaces/newlines), optionally shortened, escaped for Plotly."""
+    s = token_label(text or "")
+    if max_len is not None and len(s) > max_len:
+        s = s[: max_len - 1] + "…"
+    return plot_text(s)
+
+
+def _texts(sampling: dict) -> list[str]:
+    ids = sampling.get("token_ids") or []
+    texts = list(sampling.get("token_texts") or [])
+    texts += [""] * (len(ids) - len(texts))
+    return [t if t else f"#{i}" for t, i in zip(texts, ids)]
+
+
+def _ordered_stages(sampling: dict) -> list[dict]:
+    rank = {name: i for i, name in enumerate(CHAIN_ORDER)}
+    stages = list(sampling.get("stages") or [])
+    return sorted(stages, key=lambda s: rank.get(s.get("name"), len(rank)))
+
+
+def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str = "en") -> dict:
+    """One horizontal-bar subplot per stage (logits → … → top_p), tokens as rows shared by every subplot.
+
+    Bars are the tracked tokens' renormalised probabilities after the stage; removed tokens are grey at 0 and
+    marked ✕; an inactive stage is faded and titled "off"; the chosen token is red in the last stage (and
+    outlined in red elsewhere).
+    """
+    tx = _t(lang)
+    if not sampling or not sampling.get("stages") or not sampling.get("token_ids"):
+        return empty(tx["chain"], tx["no_trace"], UIREV_CHAIN)
+    ids = [int(i) for i in sampling["token_ids"]]
+    texts = _texts(sampling)
+    labels = [plot_label(t, 14) for t in texts]
+    full = [plot_label(t) for t in texts]
+    n = len(ids)
+    chosen = sampling.get("chosen")
+    vocab = int(sampling.get("vocab_size") or 0)
+    stages = _ordered_stages(sampling)
+    ns = len(stages)
+
+    gap = 0.035
+    width = (1.0 - gap * (ns - 1)) / ns
+    data, annotations, axes = [], [], {}
+    for k, st in enumerate(stages):
+        last = k == ns - 1
+        active = bool(st.get("active", True))
+        probs = [float(p or 0.0) for p in st.get("probs", [])]
+        kept = [bool(x) for x in st.get("kept", [])]
+        logits_ = st.get("logits") or [None] * n
+        colors, line_colors, line_widths, bar_text, cd = [], [], [], [], []
+        for i in range(n):
+            is_chosen = ids[i] == chosen
+            if not kept[i]:
+                c = GREY
+            elif last and is_chosen:
+                c = ACCENT
+            else:
+                c = KEPT_COLOR
+            colors.append(c)
+            line_colors.append(ACCENT if is_chosen else "rgba(0,0,0,0)")
+            line_widths.append(1.5 if is_chosen else 0)
+            bar_text.append("✕" if not kept[i] else "")
+            lv = logits_[i] if i < len(logits_) else None
+            cd.append([ids[i], full[i], "−∞" if lv is None else f"{lv:.3f}",
+                       tx["kept"] if kept[i] else tx["removed"]])
+        ax = "" if k == 0 else str(k + 1)
+        name = st.get("name", f"stage {k}")
+        data.append(dict(
+            type="bar", orientation="h", name=name, x=probs, y=list(range(n)), xaxis=f"x{ax}", yaxis="y",
+            marker=dict(color=colors, line=dict(color=line_colors, width=line_widths)),
+            opacity=1.0 if active else 0.35, text=bar_text, textposition="outside", cliponaxis=False,
+            customdata=cd,
+            hovertemplate=("%{customdata[1]} (id %{customdata[0]})<br>p = %{x:.4f}<br>logit = %{customdata[2]}"
+                           "<br>%{customdata[3]}<extra>" + name + "</extra>"),
+        ))
+        x0 = k * (width + gap)
+        axes[f"xaxis{ax}"] = dict(domain=[x0, x0 + width], anchor="y", rangemode="tozero", showgrid=True,
+                                  gridcolor="#EEE", zeroline=True, zerolinecolor="#BBB", tickformat=".0%",
+                                  nticks=3, tickfont=dict(size=9),
+                                  title=dict(text=tx["prob"] if k == 0 else "", font=dict(size=11)))
+        removed = float(st.get("mass_removed") or 0.0)
+        if not active:
+            sub = f"<b>{name}</b><br>{tx['off']}"
+        else:
+            sub = f"<b>{name}</b><br>{int(st.get('num_kept', 0)):,}/{vocab:,}"
+            if removed > 0:
+                sub += f" · −{removed:.1%}"
+        annotations.append(dict(text=sub, x=x0 + width / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
+                                yanchor="bottom", showarrow=False,
+                                font=dict(size=11, color="#333" if active else "#999")))
+
+    tok = plot_label(texts[ids.index(chosen)] if chosen in ids else f"#{chosen}")
+    title = tx["chain_title"].format(tok=tok, p=float(sampling.get("chosen_prob") or 0.0),
+                                     rank=sampling.get("chosen_rank", "?"))
+    extra = {}
+    height = max(300, 18 * n + 140)
+    top, bottom = 80, 45
+    if what_if:
+        title = f"{title} — {tx['what_if']}"
+        annotations.append(dict(text=f"<b>{tx['what_if_badge']}</b>", x=1.0, y=1.0, xref="paper", yref="paper",
+                                xanchor="right", yanchor="bottom", yshift=34, showarrow=False,
+                                font=dict(size=12, color="white"), bgcolor=WHAT_IF_COLOR, borderpad=3))
+        extra["shapes"] = [dict(type="rect", xref="paper", yref="paper", x0=-0.005, x1=1.005, y0=-0.02,
+                                y1=1.0 + 34 / max(1, height - top - bottom),
+                                line=dict(color=WHAT_IF_COLOR, width=3), fillcolor="rgba(0,0,0,0)", layer="above")]
+        extra["paper_bgcolor"] = "#FFF6EC"
+    lay = layout(title, UIREV_CHAIN, barmode="overlay", bargap=0.15, height=height,
+                 margin=dict(l=110, r=20, t=top, b=bottom), annotations=annotations,
+                 yaxis=dict(tickmode="array", tickvals=list(range(n)), ticktext=labels, autorange="reversed",
+                            ticksuffix=" ", title=dict(text=tx["tokens_axis"], font=dict(size=11)),
+                            fixedrange=False, automargin=True),
+                 **axes, **extra)
+    return figure(data, lay)
+
+
+def sampling_cdf_chart(sampling: dict | None, lang: str = "en") -> dict:
+    """The final distribution as a CDF staircase over the tracked survivors in draw order, u and the pick.
+
+    Trace "interval": each token's slice [cdf − p, cdf) as a floating bar; trace "cdf": the staircase itself
+    (y = sampling["cdf"] cumulative values); trace "u": the horizontal line at u; trace "chosen": the point where
+    u crosses the chosen token's slice. Greedy traces get no u line, only an annotation.
+    """
+    tx = _t(lang)
+    if not sampling or not sampling.get("cdf"):
+        return empty(tx["cdf"], tx["no_trace"], UIREV_CDF)
+    ids = [int(i) for i in sampling.get("token_ids") or []]
+    texts = _texts(sampling)
+    text_of = dict(zip(ids, texts))
+    stages = _ordered_stages(sampling)
+    final_probs = dict(zip(ids, [float(p or 0.0) for p in stages[-1].get("probs", [])])) if stages else {}
+
+    cdf = [(int(t), float(c or 0.0)) for t, c in sampling["cdf"]]
+    m = len(cdf)
+    xs = list(range(m))
+    cum = [c for _, c in cdf]
+    tids = [t for t, _ in cdf]
+    p = [final_probs.get(t, c - (cum[i - 1] if i else 0.0)) for i, (t, c) in enumerate(cdf)]
+    base = [max(0.0, c - pi) for c, pi in zip(cum, p)]
+    chosen = sampling.get("chosen")
+    greedy = bool(sampling.get("greedy"))
+    u = float(sampling.get("u") or 0.0)
+    labels = [plot_label(text_of.get(t, f"#{t}"), 14) for t in tids]
+    cd = [[t, plot_label(text_of.get(t, f"#{t}")), pi, b, c] for t, pi, b, c in zip(tids, p, base, cum)]
+
+    data = [
+        dict(type="bar", name="interval", x=xs, y=p, base=base, width=0.6,
+             marker=dict(color=[ACCENT if t == chosen else KEPT_COLOR for t in tids]), opacity=0.55,
+             customdata=cd,
+             hovertemplate=("%{customdata[1]} (id %{customdata[0]})<br>p = %{customdata[2]:.4f}<br>"
+                            "slice [%{customdata[3]:.4f}, %{customdata[4]:.4f})<extra></extra>")),
+        dict(type="scatter", name="cdf", mode="lines+markers", x=xs, y=cum,
+             line=dict(shape="hv", color="#333", width=2),
+             marker=dict(size=5, color="#333"), customdata=cd,
+             hovertemplate="%{customdata[1]}<br>CDF = %{y:.4f}<extra></extra>"),
+    ]
+    annotations = []
+    pos = tids.index(chosen) if chosen in tids else None
+    tok = plot_label(text_of.get(chosen, f"#{chosen}"))
+    if greedy:
+        title = tx["greedy_title"].format(tok=tok)
+        annotations.append(dict(text=tx["greedy"], x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                                font=dict(size=13, color="#555"), bgcolor="rgba(255,255,255,0.85)"))
+        if pos is not None:
+            data.append(dict(type="scatter", name="chosen", mode="markers", x=[pos], y=[cum[pos]],
+                             marker=dict(symbol="star", size=14, color=ACCENT),
+                             hovertemplate=f"{tx['chosen']}: {tok}<extra></extra>"))
+    else:
+        title = tx["cdf_title"].format(u=u, tok=tok, p=float(sampling.get("chosen_prob") or 0.0))
+        data.append(dict(type="scatter", name="u", mode="lines", x=[-0.5, m - 0.5], y=[u, u],
+                         line=dict(color=U_COLOR, dash="dash", width=2),
+                         hovertemplate=f"u = {u:.4f}<extra></extra>"))
+        if pos is not None:
+            data.append(dict(type="scatter", name="chosen", mode="markers+text", x=[pos], y=[u],
+                             marker=dict(symbol="star", size=14, color=ACCENT), text=[tok],
+                             textposition="middle right",
+                             hovertemplate=(f"{tx['chosen']}: {tok}<br>u = {u:.4f} ∈ [{base[pos]:.4f}, "
+                                            f"{cum[pos]:.4f})<extra></extra>")))
+    tail = 1.0 - (cum[-1] if cum else 0.0)
+    if tail > 1e-4 and not greedy:
+        annotations.append(dict(text=tx["tail"].format(m=tail), x=1.0, y=0.02, xref="paper", yref="paper",
+                                xanchor="right", yanchor="bottom", showarrow=False, font=dict(size=11, color="#777")))
+    lay = layout(title, UIREV_CDF, height=340, bargap=0.3, annotations=annotations,
+                 margin=dict(l=55, r=20, t=45, b=70),
+                 xaxis=dict(tickmode="array", tickvals=xs, ticktext=labels, range=[-0.6, max(m, 6) - 0.4],
+                            title=dict(text=tx["draw_order"], font=dict(size=11)), tickangle=-45 if m > 8 else 0),
+                 yaxis=dict(range=[0, 1.04], title=dict(text=tx["cum"]), tickformat=".0%", gridcolor="#EEE"))
+    return figure(data, lay)

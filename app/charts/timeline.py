@@ -1,0 +1,261 @@
+"""Timeline panel: how long each step took, latency per sequence, and where each step sits on the roofline.
+
+All times are engine time: measured step durations (engine_clock_s is their sum), so the idle time between two
+clicks of "Step" does not count.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .common import GREY, empty, figure, layout
+
+UIREV_TIMELINE = "chart-timeline"
+UIREV_LATENCY = "chart-latency"
+UIREV_ROOFLINE = "chart-roofline"
+KIND_COLORS = {"prefill": "#6A51A3", "decode": "#2CA02C", "mixed": "#FF7F0E", "idle": GREY}
+ROOF_COLOR = "#444444"
+
+TEXT = {
+    "en": {
+        "timeline": "Step timeline",
+        "timeline_title": "Step timeline: duration of each engine step",
+        "no_steps": "Step the engine to see the timeline.",
+        "step": "step", "ms": "step time (ms)",
+        "kinds": {"prefill": "prefill", "decode": "decode", "mixed": "mixed (prefill + decode)", "idle": "idle"},
+        "tok": "tok", "seq": "seq",
+        "forward": "forward", "sample": "sample", "schedule": "schedule",
+        "preempted": "preempted", "admitted": "admitted", "finished": "finished",
+        "latency": "Latency per sequence",
+        "latency_title": "Latency per sequence (engine time: sum of step durations, idle time excluded)",
+        "cols": ["seq", "TTFT (ms)", "mean TPOT / ITL (ms)", "tokens generated", "tok/s (1 / mean ITL)", "status"],
+        "running": "running",
+        "roofline": "Roofline",
+        "roofline_title": "Roofline of this machine: each step's arithmetic intensity vs achieved FLOP/s",
+        "no_roof": "No forward pass measured yet: step the engine.",
+        "bad_machine": "The machine's bandwidth and peak FLOP/s are not known yet.",
+        "x": "arithmetic intensity (FLOP / byte moved)", "y": "achieved FLOP/s (forward pass)",
+        "roof": "roof = min(peak, bandwidth × intensity)",
+        "ridge": "ridge {r:.1f} FLOP/B",
+        "mem_bound": "memory-bound: {bw}/s", "compute_bound": "compute peak: {pf}",
+        "of_roof": "of the roof",
+    },
+    "ru": {
+        "timeline": "Шкала шагов",
+        "timeline_title": "Шкала шагов: длительность каждого шага движка",
+        "no_steps": "Сделайте шаг, чтобы увидеть шкалу.",
+        "step": "шаг", "ms": "время шага (мс)",
+        "kinds": {"prefill": "префилл", "decode": "декодирование", "mixed": "смешанный (префилл + декод)",
+                  "idle": "простой"},
+        "tok": "ток.", "seq": "посл.",
+        "forward": "прямой проход", "sample": "сэмплирование", "schedule": "планирование",
+        "preempted": "вытеснены", "admitted": "приняты", "finished": "завершены",
+        "latency": "Задержки по последовательностям",
+        "latency_title": "Задержки (время движка: сумма длительностей шагов, простой не учитывается)",
+        "cols": ["посл.", "TTFT (мс)", "средний TPOT / ITL (мс)", "сгенерировано токенов", "ток/с (1 / ITL)",
+                 "статус"],
+        "running": "идёт",
+        "roofline": "Roofline",
+        "roofline_title": "Roofline этой машины: арифметическая интенсивность шага и достигнутые FLOP/s",
+        "no_roof": "Прямых проходов ещё не было: сделайте шаг.",
+        "bad_machine": "Пропускная способность памяти и пиковые FLOP/s машины ещё не измерены.",
+        "x": "арифметическая интенсивность (FLOP / байт)", "y": "достигнутые FLOP/s (прямой проход)",
+        "roof": "крыша = min(пик, пропускная способность × интенсивность)",
+        "ridge": "перегиб {r:.1f} FLOP/Б",
+        "mem_bound": "упор в память: {bw}/с", "compute_bound": "пик вычислений: {pf}",
+        "of_roof": "от крыши",
+    },
+}
+
+
+def _t(lang: str) -> dict:
+    return TEXT.get(lang, TEXT["en"])
+
+
+def _g(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def step_kind(event) -> str:
+    """"prefill", "decode", "mixed" (both in one batch) or "idle" (nothing scheduled)."""
+    phases = {_g(s, "phase") for s in _g(event, "seqs", []) or []}
+    if not phases:
+        return "idle"
+    if phases == {"prefill"}:
+        return "prefill"
+    if phases == {"decode"}:
+        return "decode"
+    return "mixed"
+
+
+def _si(v: float, unit: str) -> str:
+    v = float(v)
+    for p, d in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= d:
+            return f"{v / d:.3g} {p}{unit}"
+    return f"{v:.3g} {unit}"
+
+
+def _legend(name: str, color: str, symbol: str = "square") -> dict:
+    return dict(type="scatter", mode="markers", x=[None], y=[None], name=name, showlegend=True, hoverinfo="skip",
+                marker=dict(symbol=symbol, size=11, color=color))
+
+
+def _step_hover(event, tx: dict) -> str:
+    kind = step_kind(event)
+    lines = [f"<b>{tx['step']} {_g(event, 'step')}</b> · {tx['kinds'][kind]}"]
+    for s in _g(event, "seqs", []) or []:
+        start, n = int(_g(s, "chunk_start", 0)), int(_g(s, "num_processed", 0))
+        pos = f" [{start}–{start + n - 1}]" if n > 1 else f" [{start}]"
+        lines.append(f"{tx['seq']} {_g(s, 'seq_id')}: {_g(s, 'phase')} {n} {tx['tok']}{pos}")
+    tm = _g(event, "timing", {}) or {}
+    lines.append(f"{tx['forward']} {float(tm.get('forward_ms', 0)):.1f} ms · {tx['sample']} "
+                 f"{float(tm.get('sample_ms', 0)):.1f} ms · {tx['schedule']} {float(tm.get('schedule_ms', 0)):.2f} ms")
+    for key in ("admitted", "preempted", "finished"):
+        ids = _g(event, key, []) or []
+        if ids:
+            lines.append(f"{tx[key]}: {', '.join(map(str, ids))}")
+    return "<br>".join(lines)
+
+
+def timeline_chart(events, lang: str = "en") -> dict:
+    """One bar per step: x = step index, y = timing.step_ms, colour = prefill / decode / mixed / idle."""
+    tx = _t(lang)
+    events = list(events or [])
+    if not events:
+        return empty(tx["timeline"], tx["no_steps"], UIREV_TIMELINE)
+    kinds = [step_kind(e) for e in events]
+    xs = [_g(e, "step") for e in events]
+    ys = [float((_g(e, "timing", {}) or {}).get("step_ms", 0.0)) for e in events]
+    data = [dict(type="bar", name="steps", x=xs, y=ys, showlegend=False,
+                 marker=dict(color=[KIND_COLORS[k] for k in kinds]),
+                 customdata=[_step_hover(e, tx) for e in events],
+                 hovertemplate="%{customdata}<br>step %{y:.1f} ms<extra></extra>")]
+    for k in ("prefill", "decode", "mixed"):
+        if k in kinds:
+            data.append(_legend(tx["kinds"][k], KIND_COLORS[k]))
+    lay = layout(tx["timeline_title"], UIREV_TIMELINE, showlegend=True, height=290, bargap=0.15,
+                 margin=dict(l=55, r=20, t=60, b=45),
+                 legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom", font=dict(size=11)),
+                 xaxis=dict(title=dict(text=tx["step"]), tickformat="d", gridcolor="#EEE"),
+                 yaxis=dict(title=dict(text=tx["ms"]), rangemode="tozero", gridcolor="#EEE"))
+    return figure(data, lay)
+
+
+def latency_rows(events) -> list[dict]:
+    """Per sequence in order of first appearance: ttft_ms, mean_itl_ms, tokens, tok_s, finish_reason."""
+    rows: dict[int, dict] = {}
+    for e in events or []:
+        for s in _g(e, "seqs", []) or []:
+            sid = int(_g(s, "seq_id"))
+            r = rows.setdefault(sid, {"seq_id": sid, "ttft_ms": None, "itl": [], "tokens": 0, "finish_reason": None})
+            if _g(s, "new_token") is not None:
+                r["tokens"] += 1
+            if _g(s, "ttft_s") is not None and r["ttft_ms"] is None:
+                r["ttft_ms"] = float(_g(s, "ttft_s")) * 1e3
+            if _g(s, "itl_s") is not None:
+                r["itl"].append(float(_g(s, "itl_s")) * 1e3)
+            if _g(s, "finished"):
+                r["finish_reason"] = _g(s, "finish_reason")
+    out = []
+    for r in rows.values():
+        itl = r.pop("itl")
+        mean = sum(itl) / len(itl) if itl else None
+        r["mean_itl_ms"] = mean
+        r["tok_s"] = 1e3 / mean if mean else None
+        out.append(r)
+    return out
+
+
+def latency_table(events, lang: str = "en") -> dict:
+    """A table, one row per sequence: TTFT, mean TPOT/ITL, tokens generated, tok/s and status (engine time)."""
+    tx = _t(lang)
+    rows = latency_rows(events)
+    if not rows:
+        return empty(tx["latency"], tx["no_steps"], UIREV_LATENCY)
+    cols = [[r["seq_id"] for r in rows], [r["ttft_ms"] for r in rows], [r["mean_itl_ms"] for r in rows],
+            [r["tokens"] for r in rows], [r["tok_s"] for r in rows],
+            [r["finish_reason"] or tx["running"] for r in rows]]
+    trace = dict(type="table", columnwidth=[40, 70, 110, 90, 100, 70],
+                 header=dict(values=[f"<b>{c}</b>" for c in tx["cols"]], fill=dict(color="#F0F0F0"), align="left"),
+                 cells=dict(values=cols, align="left", height=24, format=[None, ".1f", ".1f", None, ".1f", None]))
+    lay = layout(tx["latency_title"], UIREV_LATENCY, height=min(100 + 26 * len(rows), 420),
+                 margin=dict(l=10, r=10, t=40, b=10))
+    return figure([trace], lay)
+
+
+def roofline_points(events) -> list[dict]:
+    """Steps that ran a forward: intensity = flops / bytes, achieved = flops / forward seconds."""
+    pts = []
+    for e in events or []:
+        cost = _g(e, "cost", {}) or {}
+        tm = _g(e, "timing", {}) or {}
+        flops = float(cost.get("flops", 0) or 0)
+        nbytes = float(cost.get("bytes", 0) or 0)
+        fms = float(tm.get("forward_ms", 0) or 0)
+        if flops <= 0 or nbytes <= 0 or fms <= 0 or not int(cost.get("tokens", 0) or 0):
+            continue
+        pts.append(dict(step=_g(e, "step"), kind=step_kind(e), tokens=int(cost.get("tokens", 0)), forward_ms=fms,
+                        intensity=flops / nbytes, achieved=flops / (fms / 1e3), flops=flops, bytes=nbytes))
+    return pts
+
+
+def roofline_chart(events, bandwidth: float, peak_flops: float, lang: str = "en") -> dict:
+    """Log-log roofline: the roof min(peak_flops, bandwidth × x) with its ridge point, and one point per step.
+
+    Trace "roof": x = [lo, ridge, hi] (the roof is exactly piecewise linear there); trace "steps": the points,
+    coloured prefill / decode / mixed, customdata = [step, tokens, forward ms, % of roof, kind].
+    """
+    tx = _t(lang)
+    try:
+        bw, pf = float(bandwidth), float(peak_flops)
+    except (TypeError, ValueError):
+        bw = pf = float("nan")
+    if not (math.isfinite(bw) and math.isfinite(pf) and bw > 0 and pf > 0):
+        return empty(tx["roofline"], tx["bad_machine"], UIREV_ROOFLINE)
+    pts = roofline_points(events)
+    if not pts:
+        return empty(tx["roofline"], tx["no_roof"], UIREV_ROOFLINE)
+    ridge = pf / bw
+    xs = [p["intensity"] for p in pts]
+    ys = [p["achieved"] for p in pts]
+    lo = min(min(xs), ridge) / 4
+    hi = max(max(xs), ridge) * 4
+    roof_x = [lo, ridge, hi]
+    roof_y = [min(pf, bw * x) for x in roof_x]
+    pct = [100.0 * y / min(pf, bw * x) for x, y in zip(xs, ys)]
+    data = [
+        dict(type="scatter", name="roof", mode="lines", x=roof_x, y=roof_y, line=dict(color=ROOF_COLOR, width=2.5),
+             hovertemplate=f"{tx['roof']}<br>%{{x:.3g}} FLOP/B → %{{y:.3s}}FLOP/s<extra></extra>"),
+        dict(type="scatter", name="steps", mode="markers", x=xs, y=ys, showlegend=False,
+             marker=dict(size=9, color=[KIND_COLORS[p["kind"]] for p in pts], line=dict(color="white", width=1)),
+             customdata=[[p["step"], p["tokens"], p["forward_ms"], q, tx["kinds"][p["kind"]]]
+                         for p, q in zip(pts, pct)],
+             hovertemplate=(f"<b>{tx['step']} %{{customdata[0]}}</b> · %{{customdata[4]}}<br>%{{customdata[1]}} "
+                            f"{tx['tok']} · forward %{{customdata[2]:.1f}} ms<br>%{{x:.3g}} FLOP/B · %{{y:.3s}}FLOP/s"
+                            f"<br>%{{customdata[3]:.1f}}% {tx['of_roof']}<extra></extra>")),
+    ]
+    for k in ("prefill", "decode", "mixed"):
+        if any(p["kind"] == k for p in pts):
+            data.append(_legend(tx["kinds"][k], KIND_COLORS[k], "circle"))
+    annotations = [
+        dict(x=math.log10(ridge), y=math.log10(pf), xref="x", yref="y", text=tx["ridge"].format(r=ridge),
+             showarrow=True, arrowhead=2, ax=0, ay=-30, font=dict(size=11)),
+        dict(x=math.log10(math.sqrt(lo * ridge)), y=math.log10(bw * math.sqrt(lo * ridge)), xref="x", yref="y",
+             text=tx["mem_bound"].format(bw=_si(bw, "B")), showarrow=False, yshift=12, textangle=0,
+             font=dict(size=10, color="#555")),
+        dict(x=math.log10(math.sqrt(ridge * hi)), y=math.log10(pf), xref="x", yref="y",
+             text=tx["compute_bound"].format(pf=_si(pf, "FLOP/s")), showarrow=False, yshift=10,
+             font=dict(size=10, color="#555")),
+    ]
+    ymin = min(min(ys), roof_y[0]) / 3
+    lay = layout(tx["roofline_title"], UIREV_ROOFLINE, showlegend=True, height=380, annotations=annotations,
+                 margin=dict(l=60, r=20, t=60, b=45),
+                 legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom", font=dict(size=11)),
+                 xaxis=dict(type="log", title=dict(text=tx["x"]), range=[math.log10(lo), math.log10(hi)],
+                            gridcolor="#EEE"),
+                 yaxis=dict(type="log", title=dict(text=tx["y"]), range=[math.log10(ymin), math.log10(pf * 3)],
+                            gridcolor="#EEE", exponentformat="SI"))
+    return figure(data, lay)

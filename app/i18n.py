@@ -1,0 +1,127 @@
+"""UI strings in English and Russian, and the short explanation that heads each panel."""
+from __future__ import annotations
+
+EXAMPLES = {
+    "en": ["What is gravity?", "Write a haiku about the Moon.", "Explain the KV cache in one paragraph.",
+           "List three uses of Python."],
+    "ru": ["Что такое гравитация?", "Напиши хокку о Луне.", "Почему небо голубое?", "Назови три планеты."],
+}
+
+UI = {
+    "title": {"en": "InferLab — a real LLM, one step at a time",
+              "ru": "InferLab — настоящая LLM, шаг за шагом"},
+    "subtitle": {"en": "Every chart below is drawn from the running engine's own step events.",
+                 "ru": "Каждый график ниже построен по событиям работающего движка."},
+    "prompt": {"en": "Prompt", "ru": "Запрос"},
+    "chat": {"en": "Chat template", "ru": "Шаблон чата"},
+    "system": {"en": "System prompt (empty: the model's default)", "ru": "Системный промпт (пусто — по умолчанию)"},
+    "examples": {"en": "Examples", "ru": "Примеры"},
+    "sampling": {"en": "Sampling", "ru": "Сэмплирование"},
+    "temperature": {"en": "Temperature (0 = greedy)", "ru": "Температура (0 — жадно)"},
+    "top_k": {"en": "Top-k (0 = off)", "ru": "Top-k (0 — выкл.)"},
+    "top_p": {"en": "Top-p", "ru": "Top-p"},
+    "min_p": {"en": "Min-p", "ru": "Min-p"},
+    "repetition_penalty": {"en": "Repetition penalty", "ru": "Штраф за повтор"},
+    "frequency_penalty": {"en": "Frequency penalty", "ru": "Частотный штраф"},
+    "presence_penalty": {"en": "Presence penalty", "ru": "Штраф за присутствие"},
+    "seed": {"en": "Seed", "ru": "Seed"},
+    "max_tokens": {"en": "Max new tokens", "ru": "Макс. новых токенов"},
+    "stop": {"en": "Stop strings (comma-separated)", "ru": "Стоп-строки (через запятую)"},
+    "step": {"en": "Step", "ru": "Шаг"},
+    "run": {"en": "Run", "ru": "Запуск"},
+    "pause": {"en": "Pause", "ru": "Пауза"},
+    "reset": {"en": "Reset", "ru": "Сброс"},
+    "add": {"en": "Add as another request", "ru": "Добавить ещё запрос"},
+    "focus": {"en": "Sequence shown", "ru": "Показанная последовательность"},
+    "layer": {"en": "Layer", "ru": "Слой"},
+    "head": {"en": "Head", "ru": "Голова"},
+    "force": {"en": "Force token id at the next step", "ru": "Навязать токен (id) на следующем шаге"},
+    "force_btn": {"en": "Force", "ru": "Навязать"},
+    "rewind": {"en": "Rewind to generated token #", "ru": "Откатить к сгенерированному токену №"},
+    "rewind_btn": {"en": "Rewind", "ru": "Откатить"},
+    "branch_btn": {"en": "Branch from there", "ru": "Ответвить оттуда"},
+    "word": {"en": "Word for the BPE merge trace", "ru": "Слово для трассы слияний BPE"},
+    "neighbour": {"en": "Token position for nearest neighbours (-1 = newest)",
+                  "ru": "Позиция токена для ближайших соседей (-1 — последний)"},
+    "loading": {"en": "Loading the model…", "ru": "Загружаем модель…"},
+    "ready": {"en": "Model ready", "ru": "Модель готова"},
+    "idle": {"en": "Nothing to do: enter a prompt and press Step.", "ru": "Нечего делать: введите запрос и нажмите «Шаг»."},
+    "finished": {"en": "All sequences finished. Edit the prompt and press Step to start again.",
+                 "ru": "Все последовательности завершены. Измените запрос и нажмите «Шаг»."},
+    "whatif": {"en": "What-if: the sampling chain recomputed from this step's cached logits; applies from the next step.",
+               "ru": "Что-если: цепочка сэмплирования пересчитана по сохранённым логитам; применится со следующего шага."},
+    "language": {"en": "Language", "ru": "Язык"},
+}
+
+PANELS = [
+    ("template", {"en": "1 · Chat template & tokens", "ru": "1 · Шаблон чата и токены"},
+     {"en": "The model never sees your text as typed: the chat template wraps it in role markers (special "
+            "tokens, highlighted), and byte-level BPE cuts the result into tokens. Hover a chip for its id and "
+            "UTF-8 bytes; Cyrillic letters take two bytes each, so Russian text needs more tokens than English.",
+      "ru": "Модель не видит текст в том виде, как вы его набрали: шаблон чата оборачивает его служебными "
+            "токенами ролей (подсвечены), а байтовый BPE режет результат на токены. Наведите на фишку — увидите "
+            "id и байты UTF-8; кириллическая буква занимает два байта, поэтому русскому тексту нужно больше токенов."}),
+    ("embeddings", {"en": "2 · Embeddings", "ru": "2 · Эмбеддинги"},
+     {"en": "Each token id selects one row of the embedding matrix: a vector of the model's hidden size. The "
+            "scatter projects this sequence's vectors to 2-D with PCA; the bars list the vocabulary entries whose "
+            "vectors point the same way (cosine similarity) as the chosen token's.",
+      "ru": "Каждый id токена выбирает строку матрицы эмбеддингов — вектор размерности скрытого слоя. Точки — "
+            "проекция векторов этой последовательности на плоскость (PCA); столбцы — токены словаря, чьи векторы "
+            "ближе всего по косинусу к выбранному."}),
+    ("layers", {"en": "3 · Layers & attention", "ru": "3 · Слои и внимание"},
+     {"en": "In every layer each head decides how much each earlier token matters for the current one. During "
+            "prefill the whole triangle is computed at once; each decode step adds one row, reading the older keys "
+            "and values from the KV cache. The logit lens applies the final norm and the output head to every "
+            "layer's residual stream: watch the answer form as depth grows.",
+      "ru": "В каждом слое каждая голова решает, насколько каждый предыдущий токен важен для текущего. На "
+            "префилле весь треугольник считается сразу; каждый шаг декодирования добавляет одну строку, читая "
+            "старые ключи и значения из KV-кэша. «Логит-линза» применяет финальную нормализацию и выходную голову "
+            "к остаточному потоку каждого слоя — видно, как ответ складывается с глубиной."}),
+    ("logits", {"en": "4 · Logits → softmax", "ru": "4 · Логиты → softmax"},
+     {"en": "The last layer's vector for the newest position is multiplied by the output matrix: one score "
+            "(logit) per vocabulary entry. Softmax turns scores into probabilities. Entropy says how unsure the "
+            "model is; perplexity summarises how surprising the kept tokens were.",
+      "ru": "Вектор последнего слоя для новой позиции умножается на выходную матрицу — по одной оценке (логиту) "
+            "на каждый токен словаря. Softmax превращает оценки в вероятности. Энтропия показывает неуверенность "
+            "модели, перплексия — насколько неожиданными были выбранные токены."}),
+    ("sampling", {"en": "5 · The sampling chain", "ru": "5 · Цепочка сэмплирования"},
+     {"en": "Penalties, temperature, min-p, top-k and top-p run in this order, each cutting or reshaping the "
+            "distribution (grey bars were removed; the rest is renormalised). Then a uniform random number u is "
+            "drawn and the token where the cumulative distribution first exceeds u is chosen. Move a slider: the "
+            "chain is recomputed from this step's logits with the same u, without rerunning the model.",
+      "ru": "Штрафы, температура, min-p, top-k и top-p применяются именно в таком порядке, каждый срезает или "
+            "перекраивает распределение (серые столбцы отброшены, остальное перенормировано). Затем берётся "
+            "случайное u, и выбирается токен, на котором накопленная вероятность впервые превышает u. Подвигайте "
+            "ползунок — цепочка пересчитается по логитам этого шага с тем же u, без повторного прогона модели."}),
+    ("detok", {"en": "6 · Detokenizer & stream", "ru": "6 · Детокенизатор и поток"},
+     {"en": "Tokens are bytes, and one character can be split across tokens: the detokenizer holds back an "
+            "incomplete UTF-8 character instead of printing '�', and holds back text that might be the start of a "
+            "stop string. Held-back parts are shown in orange.",
+      "ru": "Токены — это байты, и один символ может оказаться разрезан между токенами: детокенизатор "
+            "придерживает неполный символ UTF-8 вместо вывода '�' и придерживает текст, который может оказаться "
+            "началом стоп-строки. Придержанное показано оранжевым."}),
+    ("kv", {"en": "7 · Paged KV cache", "ru": "7 · Страничный KV-кэш"},
+     {"en": "Keys and values of past tokens live in fixed-size blocks. Each sequence has a block table mapping "
+            "its logical blocks to physical ones; sequences with a common prefix share blocks (refcount > 1), and "
+            "finished blocks stay cached for reuse until evicted. A naive allocator would reserve the whole "
+            "maximum length per sequence up front.",
+      "ru": "Ключи и значения прошлых токенов хранятся в блоках фиксированного размера. У каждой "
+            "последовательности есть таблица блоков — отображение логических блоков в физические; "
+            "последовательности с общим префиксом делят блоки (refcount > 1), а освободившиеся блоки остаются в "
+            "кэше до вытеснения. Наивный аллокатор сразу зарезервировал бы максимальную длину."}),
+    ("timeline", {"en": "8 · Timeline & roofline", "ru": "8 · Хронология и roofline"},
+     {"en": "Prefill processes many tokens in one pass and is limited by arithmetic; decode produces one token "
+            "per sequence per pass and is limited by how fast the weights stream from memory. The roofline uses "
+            "this machine's measured bandwidth and matmul speed; each step is a point. Times are engine time.",
+      "ru": "Префилл обрабатывает много токенов за проход и упирается в вычисления; декодирование даёт один "
+            "токен на последовательность за проход и упирается в скорость чтения весов из памяти. Roofline "
+            "построен по измеренной пропускной способности и скорости умножения матриц этой машины; каждый шаг — "
+            "точка. Время — время работы движка."}),
+]
+
+
+def t(key: str, lang: str) -> str:
+    entry = UI.get(key)
+    if entry is None:
+        return key
+    return entry.get(lang) or entry["en"]

@@ -1,0 +1,89 @@
+"""The KV-cache whiteboard: the bytes-per-token formula filled in with this model's numbers, and the counters.
+
+CSS classes: il-kv (container), il-formula (one formula line), il-formula-result (the computed value),
+il-kv-stats (the <ul> of counters), il-kv-empty (placeholder before the first step).
+"""
+from __future__ import annotations
+
+import html
+from typing import Any
+
+TEXT = {
+    "en": {
+        "empty": "Step the engine to fill in the KV-cache formula.",
+        "layers": "layers", "kv_heads": "KV heads", "head_dim": "head dim",
+        "per_token": "per token",
+        "block": "block of {bs} tokens", "pool": "pool = {n} blocks",
+        "hit_rate": "prefix-cache hit rate", "hit_detail": "{hit} of {q} prompt tokens found cached",
+        "saved": "prefill tokens saved", "evictions": "evictions (cached blocks reused for new data)",
+        "preemptions": "preemptions (sequences sent back to wait, KV freed)",
+        "cow": "copy-on-write block copies", "shared": "blocks shared right now",
+        "note": "K and V (×2) for every layer and KV head",
+    },
+    "ru": {
+        "empty": "Сделайте шаг, чтобы заполнить формулу KV-кэша.",
+        "layers": "слоёв", "kv_heads": "KV-голов", "head_dim": "размер головы",
+        "per_token": "на токен",
+        "block": "блок из {bs} токенов", "pool": "пул = {n} блоков",
+        "hit_rate": "доля попаданий в префиксный кэш", "hit_detail": "{hit} из {q} токенов запроса уже были в кэше",
+        "saved": "сэкономлено токенов префилла", "evictions": "вытеснения (блоки кэша отданы под новые данные)",
+        "preemptions": "вытеснения последовательностей (отправлены ждать, KV освобождён)",
+        "cow": "копирования при записи (COW)", "shared": "общих блоков сейчас",
+        "note": "K и V (×2) для каждого слоя и KV-головы",
+    },
+}
+
+
+def _g(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def _size(b: float) -> str:
+    b = float(b)
+    if b >= 2**30:
+        return f"{b / 2**30:.2f} GiB"
+    if b >= 2**20:
+        return f"{b / 2**20:.2f} MiB"
+    if b >= 2**10:
+        return f"{b / 2**10:.1f} KiB"
+    return f"{b:.0f} B"
+
+
+def _num(v) -> str:
+    return f"{v:,}" if isinstance(v, int) else f"{v:g}"
+
+
+def kv_formula_html(event, lang: str = "en") -> str:
+    tx = TEXT.get(lang, TEXT["en"])
+    kv = _g(event, "kv", None) if event is not None else None
+    if not kv:
+        return f'<div class="il-kv il-kv-empty">{html.escape(tx["empty"])}</div>'
+    f = kv.get("formula") or {}
+    layers, heads = f.get("layers", "?"), f.get("kv_heads", "?")
+    dim, be = f.get("head_dim", "?"), f.get("bytes_per_elem", "?")
+    bpt = int(kv.get("bytes_per_token", 0))
+    bs = int(kv.get("block_size", 0))
+    nb = int(kv.get("num_blocks", 0))
+    block_bytes = kv.get("block_bytes", bpt * bs)
+    pool = kv.get("pool_bytes", block_bytes * nb)
+    line1 = (f"2 × {_num(layers)} {tx['layers']} × {_num(heads)} {tx['kv_heads']} × {_num(dim)} × {_num(be)} B = "
+             f'<b class="il-formula-result">{bpt:,} B</b> {tx["per_token"]}')
+    line2 = (f"{tx['block'].format(bs=bs)} = <b class=\"il-formula-result\">{_size(block_bytes)}</b>; "
+             f"{tx['pool'].format(n=nb)} = <b class=\"il-formula-result\">{_size(pool)}</b>")
+    hit, q = int(kv.get("prefix_hit_tokens", 0)), int(kv.get("prefix_query_tokens", 0))
+    stats = [
+        ("hit_rate", tx["hit_rate"], f"{float(kv.get('hit_rate', 0.0)):.1%}", tx["hit_detail"].format(hit=hit, q=q)),
+        ("prefill_saved", tx["saved"], f"{hit:,}", ""),
+        ("evictions", tx["evictions"], f"{int(kv.get('evictions', 0)):,}", ""),
+        ("preemptions", tx["preemptions"], f"{int(kv.get('preemptions', 0)):,}", ""),
+        ("cow_copies", tx["cow"], f"{int(kv.get('cow_copies', 0)):,}", ""),
+        ("shared", tx["shared"], f"{int(kv.get('shared', 0)):,}", ""),
+    ]
+    items = "".join(
+        f'<li data-stat="{key}">{html.escape(name)}: <b>{html.escape(val)}</b>'
+        + (f' <span class="il-kv-detail">({html.escape(detail)})</span>' if detail else "") + "</li>"
+        for key, name, val, detail in stats)
+    return (f'<div class="il-kv"><div class="il-formula" title="{html.escape(tx["note"])}">{line1}</div>'
+            f'<div class="il-formula">{line2}</div><ul class="il-kv-stats">{items}</ul></div>')

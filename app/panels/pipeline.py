@@ -1,0 +1,93 @@
+"""The eight-stage strip at the top of the lab: which stages of inference the last step went through.
+
+CSS classes: il-pipeline (container), il-stages (the row), il-stage (one stage; data-stage = its key),
+il-lit (added to the stages the step used), il-stage-num, il-stage-name, il-arrow (the → between stages),
+il-pipeline-summary ("step N · prefill 48 tok / decode 2 seqs · 35 ms").
+"""
+from __future__ import annotations
+
+import html
+from typing import Any
+
+STAGES = ("template", "tokens", "embeddings", "layers", "logits", "sampling", "detokenizer", "stream")
+
+TEXT = {
+    "en": {
+        "names": {"template": "Chat template", "tokens": "Tokens", "embeddings": "Embeddings",
+                  "layers": "Transformer layers", "logits": "Logits", "sampling": "Sampling",
+                  "detokenizer": "Detokenizer", "stream": "Stream"},
+        "none": "no step yet: enter a prompt and press Step",
+        "step": "step", "idle": "idle (nothing scheduled)",
+        "prefill": "prefill {n} tok", "decode": "decode {n} seqs", "decode1": "decode 1 seq",
+        "preempted": "preempted {ids}", "finished": "finished {ids}",
+    },
+    "ru": {
+        "names": {"template": "Шаблон чата", "tokens": "Токены", "embeddings": "Эмбеддинги",
+                  "layers": "Слои трансформера", "logits": "Логиты", "sampling": "Сэмплирование",
+                  "detokenizer": "Детокенизатор", "stream": "Поток"},
+        "none": "шагов ещё не было: введите запрос и нажмите «Шаг»",
+        "step": "шаг", "idle": "простой (нечего планировать)",
+        "prefill": "префилл {n} ток.", "decode": "декод {n} посл.", "decode1": "декод 1 посл.",
+        "preempted": "вытеснены {ids}", "finished": "завершены {ids}",
+    },
+}
+
+
+def _g(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def lit_stages(event) -> set[str]:
+    """The stages a step went through.
+
+    template+tokens: a sequence was admitted or a prefill chunk ran; embeddings+layers+logits: a forward ran;
+    sampling+detokenizer+stream: a token was sampled.
+    """
+    if event is None:
+        return set()
+    seqs = _g(event, "seqs", []) or []
+    lit: set[str] = set()
+    if _g(event, "admitted", []) or any(_g(s, "phase") == "prefill" for s in seqs):
+        lit |= {"template", "tokens"}
+    if any(int(_g(s, "num_processed", 0) or 0) > 0 for s in seqs):
+        lit |= {"embeddings", "layers", "logits"}
+    if any(_g(s, "new_token") is not None for s in seqs):
+        lit |= {"sampling", "detokenizer", "stream"}
+    return lit
+
+
+def pipeline_summary(event, lang: str = "en") -> str:
+    tx = TEXT.get(lang, TEXT["en"])
+    if event is None:
+        return tx["none"]
+    seqs = _g(event, "seqs", []) or []
+    parts = []
+    pre = sum(int(_g(s, "num_processed", 0) or 0) for s in seqs if _g(s, "phase") == "prefill")
+    dec = sum(1 for s in seqs if _g(s, "phase") == "decode")
+    if pre:
+        parts.append(tx["prefill"].format(n=pre))
+    if dec:
+        parts.append(tx["decode1"] if dec == 1 else tx["decode"].format(n=dec))
+    work = " / ".join(parts) if parts else tx["idle"]
+    ms = float((_g(event, "timing", {}) or {}).get("step_ms", 0.0))
+    out = f"{tx['step']} {_g(event, 'step')} · {work} · {ms:.0f} ms"
+    for key in ("preempted", "finished"):
+        ids = _g(event, key, []) or []
+        if ids:
+            out += " · " + tx[key].format(ids=", ".join(map(str, ids)))
+    return out
+
+
+def pipeline_html(event, lang: str = "en") -> str:
+    tx = TEXT.get(lang, TEXT["en"])
+    lit = lit_stages(event)
+    cells = []
+    for i, key in enumerate(STAGES, 1):
+        cls = "il-stage il-lit" if key in lit else "il-stage"
+        cells.append(f'<div class="{cls}" data-stage="{key}"><span class="il-stage-num">{i}</span>'
+                     f'<span class="il-stage-name">{html.escape(tx["names"][key])}</span></div>')
+    strip = '<span class="il-arrow">→</span>'.join(cells)
+    return (f'<div class="il-pipeline"><div class="il-stages">{strip}</div>'
+            f'<div class="il-pipeline-summary">{html.escape(pipeline_summary(event, lang))}</div></div>')

@@ -1,0 +1,71 @@
+"""The streamed answer of one sequence, as the client would have received it so far.
+
+CSS classes: il-stream (container; white-space: pre-wrap is set inline), il-stream-text (released text),
+il-held (what the detokenizer holds back: a possible stop-string prefix and/or incomplete UTF-8 bytes),
+il-held-bytes (the hex bytes inside il-held), il-finish + il-finish-<reason> (finish badge),
+il-stream-empty (placeholder when nothing has been sampled yet).
+"""
+from __future__ import annotations
+
+import html
+from typing import Any
+
+TEXT = {
+    "en": {"empty": "Nothing streamed yet for sequence {seq}.",
+           "held": "held back by the detokenizer: a possible stop-string prefix or an incomplete UTF-8 character",
+           "finish": {"eos": "eos", "stop": "stop", "length": "length", "abort": "abort"},
+           "finish_title": "finished: {r}"},
+    "ru": {"empty": "Последовательность {seq} ещё ничего не выдала.",
+           "held": "придержано детокенизатором: возможное начало стоп-строки или неполный символ UTF-8",
+           "finish": {"eos": "eos", "stop": "стоп", "length": "длина", "abort": "прервано"},
+           "finish_title": "завершено: {r}"},
+}
+
+
+def _g(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def _seq_events(events, seq_id: int) -> list:
+    out = []
+    for ev in events or []:
+        for s in _g(ev, "seqs", []) or []:
+            if _g(s, "seq_id") == seq_id:
+                out.append(s)
+    return out
+
+
+def streamed_text(events, seq_id: int) -> str:
+    """Concatenation of SeqEvent.emitted for `seq_id`, in step order (raw, unescaped)."""
+    return "".join(_g(s, "emitted") or "" for s in _seq_events(events, seq_id))
+
+
+def stream_html(events, seq_id: int, lang: str = "en") -> str:
+    tx = TEXT.get(lang, TEXT["en"])
+    seqs = _seq_events(events, seq_id)
+    sampled = [s for s in seqs if _g(s, "detok") is not None or _g(s, "emitted")]
+    if not sampled:
+        return (f'<div class="il-stream il-stream-empty" data-seq="{int(seq_id)}">'
+                f'{html.escape(tx["empty"].format(seq=seq_id))}</div>')
+    text = "".join(_g(s, "emitted") or "" for s in seqs)
+    parts = [f'<span class="il-stream-text">{html.escape(text)}</span>']
+    last = sampled[-1]
+    finished = bool(_g(last, "finished"))
+    detok = _g(last, "detok") or {}
+    if not finished and detok:
+        held_text = detok.get("held_text") or ""
+        held_bytes = (detok.get("held_bytes") or "").strip()
+        if held_text or held_bytes:
+            inner = html.escape(held_text)
+            if held_bytes:
+                inner += f'<span class="il-held-bytes">⟨{html.escape(held_bytes)}⟩</span>'
+            parts.append(f'<span class="il-held" title="{html.escape(tx["held"])}">{inner}</span>')
+    if finished:
+        reason = _g(last, "finish_reason") or "stop"
+        label = tx["finish"].get(reason, reason)
+        parts.append(f'<span class="il-finish il-finish-{html.escape(reason)}" '
+                     f'title="{html.escape(tx["finish_title"].format(r=label))}">{html.escape(label)}</span>')
+    return (f'<div class="il-stream" data-seq="{int(seq_id)}" style="white-space: pre-wrap">'
+            + "".join(parts) + "</div>")

@@ -1,0 +1,203 @@
+"""HTML views of tokenization: the rendered chat template, token chips, and a BPE merge trace.
+
+Pure functions returning HTML strings; every piece of user or model text is escaped with html.escape.
+Their classes are styled in static/lab.css.
+"""
+from __future__ import annotations
+
+import html
+
+from app.charts.common import token_label
+
+TEXT = {
+    "en": {
+        "template_empty": "Enter a prompt to see the text the model reads",
+        "special": "special token",
+        "special_tokens": "special token · token {a}",
+        "implicit": "special token the tokenizer adds without text",
+        "chips_empty": "No tokens yet",
+        "counts": "{chars} characters · {nbytes} UTF-8 bytes · {tokens} tokens ({prompt} prompt + {gen} generated)"
+                  " · {bpt:.2f} bytes per token",
+        "pos": "pos",
+        "bytes": "bytes",
+        "piece": "piece",
+        "flag_special": "special",
+        "flag_fallback": "byte fallback",
+        "flag_partial": "partial UTF-8 (an incomplete character)",
+        "flag_generated": "generated",
+        "bpe_empty": "Type a word to see how BPE merges its bytes into tokens",
+        "step": "Step",
+        "merge": "Merge",
+        "symbols": "Symbols",
+        "initial": "initial symbols",
+        "whole": "whole pre-token taken from the vocabulary",
+        "rank": "rank",
+        "id": "id",
+        "not_in_vocab": "not in vocabulary",
+    },
+    "ru": {
+        "template_empty": "Введите промпт, чтобы увидеть текст, который читает модель",
+        "special": "служебный токен",
+        "special_tokens": "служебный токен · токен {a}",
+        "implicit": "служебный токен, который токенизатор добавляет без текста",
+        "chips_empty": "Токенов пока нет",
+        "counts": "{chars} символов · {nbytes} байт UTF-8 · {tokens} токенов ({prompt} промпт + {gen} сгенерировано)"
+                  " · {bpt:.2f} байт на токен",
+        "pos": "поз.",
+        "bytes": "байты",
+        "piece": "запись в словаре",
+        "flag_special": "служебный",
+        "flag_fallback": "байтовый запасной токен",
+        "flag_partial": "неполный UTF-8 (часть символа)",
+        "flag_generated": "сгенерирован",
+        "bpe_empty": "Введите слово, чтобы увидеть, как BPE склеивает его байты в токены",
+        "step": "Шаг",
+        "merge": "Слияние",
+        "symbols": "Символы",
+        "initial": "исходные символы",
+        "whole": "весь претокен взят из словаря целиком",
+        "rank": "ранг",
+        "id": "id",
+        "not_in_vocab": "нет в словаре",
+    },
+}
+
+
+
+def _tr(lang: str) -> dict:
+    return TEXT[lang if lang in TEXT else "en"]
+
+
+def _esc(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _text_html(text: str) -> str:
+    """Escaped text with each newline shown as ⏎ followed by a real line break."""
+    return "<span class=\"il-nl\">⏎</span><br>".join(_esc(part) for part in text.split("\n"))
+
+
+def template_html(text: str, spans: list[dict], lang: str = "en") -> str:
+    """The rendered chat template (ChatPrompt.text / .spans): special tokens in <span class="il-special">,
+    newlines visible. Zero-width special spans (a BOS added without text) show as a ◆ marker."""
+    t = _tr(lang)
+    if not text and not spans:
+        return f'<div class="il-template il-empty">{_esc(t["template_empty"])}</div>'
+    parts, cursor = [], 0
+    for sp in sorted(spans or [], key=lambda s: (int(s.get("start", 0)), int(s.get("end", 0)))):
+        start = max(0, min(len(text), int(sp.get("start", 0))))
+        end = max(start, min(len(text), int(sp.get("end", start))))
+        if start > cursor:  # text the spans do not cover
+            parts.append(_text_html(text[cursor:start]))
+        seg = text[max(start, cursor):end]
+        if sp.get("kind") == "special":
+            if seg:
+                title = t["special_tokens"].format(a=sp.get("token_start", "?"))
+                parts.append(f'<span class="il-special" title="{_esc(title)}">{_text_html(seg)}</span>')
+            elif end >= cursor:
+                parts.append(f'<span class="il-special il-special-implicit" title="{_esc(t["implicit"])}">◆</span>')
+        elif seg:
+            parts.append(_text_html(seg))
+        cursor = max(cursor, end)
+    if cursor < len(text):
+        parts.append(_text_html(text[cursor:]))
+    return f'<div class="il-template">{"".join(parts)}</div>'
+
+
+def chip_text(info: dict) -> str:
+    """What a chip shows (unescaped): visible whitespace; a partial UTF-8 token shows its bytes ⟨d0⟩."""
+    if info.get("partial_utf8") and not info.get("special"):
+        return "⟨" + (info.get("bytes_hex") or "") + "⟩"
+    return token_label(info.get("text", ""))
+
+
+def _chip_title(info: dict, pos: int, generated: bool, t: dict) -> str:
+    bits = [f"{t['id']} {int(info['id'])}", f"{t['pos']} {pos}", f"{t['bytes']} {info.get('bytes_hex', '')}",
+            f"{t['piece']} {info.get('piece', '')}"]
+    if info.get("special"):
+        bits.append(t["flag_special"])
+    if info.get("byte_fallback"):
+        bits.append(t["flag_fallback"])
+    if info.get("partial_utf8"):
+        bits.append(t["flag_partial"])
+    if generated:
+        bits.append(t["flag_generated"])
+    return " · ".join(bits)
+
+
+def token_chips_html(infos: list[dict], n_prompt: int, lang: str = "en") -> str:
+    """One chip per token (engine.tokenizer.token_info records), then a counts line.
+
+    Chip: <span class="il-chip il-prompt|il-generated [il-special] [il-byte-fallback] [il-partial]"
+    title="id … · pos … · bytes … · piece …" data-token-id="…" data-pos="…" [data-gen-index="…"]>
+    text<sub>id</sub></span>; data-gen-index (generated chips only) is the index among the generated tokens.
+    """
+    t = _tr(lang)
+    if not infos:
+        return f'<div class="il-tokens il-empty">{_esc(t["chips_empty"])}</div>'
+    chips, data = [], b""
+    for i, info in enumerate(infos):
+        generated = i >= n_prompt
+        cls = ["il-chip", "il-generated" if generated else "il-prompt"]
+        if info.get("special"):
+            cls.append("il-special")
+        if info.get("byte_fallback"):
+            cls.append("il-byte-fallback")
+        if info.get("partial_utf8"):
+            cls.append("il-partial")
+        tid = int(info["id"])
+        gen = f' data-gen-index="{i - n_prompt}"' if generated else ""  # the page rewinds to it on click
+        chips.append(f'<span class="{" ".join(cls)}" title="{_esc(_chip_title(info, i, generated, t))}" '
+                     f'data-token-id="{tid}" data-pos="{i}"{gen}>{_esc(chip_text(info))}<sub>{tid}</sub></span>')
+        try:
+            data += bytes.fromhex(info.get("bytes_hex") or "")
+        except ValueError:
+            data += (info.get("text") or "").encode("utf-8")
+    n = len(infos)
+    n_p = min(max(0, int(n_prompt)), n)
+    counts = t["counts"].format(chars=len(data.decode("utf-8", errors="replace")), nbytes=len(data), tokens=n,
+                                prompt=n_p, gen=n - n_p, bpt=len(data) / n)
+    return (f'<div class="il-tokens"><div class="il-chips">{"".join(chips)}</div>'
+            f'<div class="il-counts">{_esc(counts)}</div></div>')
+
+
+def _sym(text: str, title: str, new: bool = False) -> str:
+    cls = "il-sym il-sym-new" if new else "il-sym"
+    return f'<span class="{cls}" title="{_esc(title)}">{_esc(token_label(text))}</span>'
+
+
+def bpe_merges_html(steps: list[dict], lang: str = "en") -> str:
+    """The merge trace of engine.tokenizer.bpe_merges as a table: step, merge applied (with its rank),
+    the symbols after it as little boxes (the symbols the merge produced in .il-sym-new)."""
+    t = _tr(lang)
+    if not steps:
+        return f'<div class="il-bpe-trace il-empty">{_esc(t["bpe_empty"])}</div>'
+    display: dict[str, str] = {}  # vocab piece -> readable text
+    for st in steps:
+        for piece, sym in zip(st.get("pieces") or [], st.get("symbols") or []):
+            display.setdefault(piece, sym)
+    rows = []
+    for k, st in enumerate(steps):
+        merge = st.get("merge")
+        pieces = list(st.get("pieces") or st.get("symbols") or [])
+        symbols = list(st.get("symbols") or pieces)
+        ids = list(st.get("ids") or [None] * len(symbols))
+        joined = merge[0] + merge[1] if merge else None
+        if merge:
+            left, right = (display.get(m, m) for m in merge)
+            merged = display.get(joined, left + right)
+            cell = (f'{_sym(left, merge[0])} + {_sym(right, merge[1])} → {_sym(merged, joined, new=True)}'
+                    f'<span class="il-rank">{_esc(t["rank"])} {_esc(str(st.get("rank")))}</span>')
+        else:
+            cell = _esc(t["initial"] if k == 0 else t["whole"])
+        boxes = []
+        for j, sym in enumerate(symbols):
+            piece = pieces[j] if j < len(pieces) else sym
+            tid = ids[j] if j < len(ids) else None
+            title = f"{t['id']} {tid} · {t['piece']} {piece}" if tid is not None else f"{piece} · {t['not_in_vocab']}"
+            boxes.append(_sym(sym, title, new=joined is not None and piece == joined))
+        rows.append(f'<tr class="il-bpe-row"><td class="il-bpe-step">{int(st.get("step", k))}</td>'
+                    f'<td class="il-bpe-merge">{cell}</td><td class="il-bpe-symbols">{"".join(boxes)}</td></tr>')
+    head = (f'<thead><tr><th>{_esc(t["step"])}</th><th>{_esc(t["merge"])}</th>'
+            f'<th>{_esc(t["symbols"])}</th></tr></thead>')
+    return f'<table class="il-bpe">{head}<tbody>{"".join(rows)}</tbody></table>'

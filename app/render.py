@@ -1,0 +1,162 @@
+"""Turn a LabSession's events into the page payload: {"figs": {container id: figure}, "html": {id: html}}.
+
+The browser applies it with Plotly.react on persistent divs (static/lab.js), which keeps each chart's zoom.
+Everything here is a call to a pure chart/panel function; no engine state is changed.
+"""
+from __future__ import annotations
+
+import html
+import json
+
+from engine.tokenizer import bpe_merges
+
+from .charts import attention, detok, embeddings, kv_cache, logits, sampling, timeline, tokens
+from .charts.common import empty
+from .i18n import PANELS, t
+from .panels import kv as kv_panel
+from .panels import pipeline, stream
+from .panels import tokens as token_panels
+from .session import LabSession
+
+CHART_IDS = ["chart-bytes", "chart-pca", "chart-neighbours", "chart-attention", "chart-heads", "chart-entropy",
+             "chart-lens", "chart-logits", "chart-perplexity", "chart-sampling", "chart-cdf", "chart-detok",
+             "chart-kv-pool", "chart-kv-tables", "chart-kv-memory", "chart-timeline", "chart-latency",
+             "chart-roofline"]
+
+# which chart containers sit in which panel (the page layout and the tests both use this)
+PANEL_CHARTS = {
+    "template": ["chart-bytes"],
+    "embeddings": ["chart-pca", "chart-neighbours"],
+    "layers": ["chart-attention", "chart-heads", "chart-entropy", "chart-lens"],
+    "logits": ["chart-logits", "chart-perplexity"],
+    "sampling": ["chart-sampling", "chart-cdf"],
+    "detok": ["chart-detok"],
+    "kv": ["chart-kv-pool", "chart-kv-tables", "chart-kv-memory"],
+    "timeline": ["chart-timeline", "chart-latency", "chart-roofline"],
+}
+PANEL_HTML = {
+    "template": ["html-template", "html-tokens", "html-bpe"],
+    "detok": ["html-stream"],
+    "kv": ["html-kv-formula"],
+}
+
+
+def message_html(text: str, kind: str = "info") -> str:
+    return f'<div class="il-msg il-msg-{kind}">{html.escape(text)}</div>' if text else ""
+
+
+def panel_headers(lang: str) -> dict[str, str]:
+    out = {}
+    for key, title, text in PANELS:
+        out[f"html-title-{key}"] = html.escape(title[lang])
+        out[f"html-text-{key}"] = html.escape(text[lang])
+    return out
+
+
+def build_payload(s: LabSession, lang: str = "en", layer: int = 0, head: int = 0, word: str = "",
+                  neighbour_pos: int | None = None, machine: dict | None = None, what_if: dict | None = None,
+                  message: str = "", message_kind: str = "info") -> dict:
+    """Every panel's figure and HTML for the session's current state."""
+    eng = s.engine
+    spec = eng.spec
+    layer = max(0, min(int(layer), spec.num_layers - 1))
+    head = max(0, min(int(head), spec.num_heads - 1))
+    events = s.events
+    last = events[-1] if events else None
+    figs: dict[str, dict] = {}
+    htmls: dict[str, str] = {"html-pipeline": pipeline.pipeline_html(last, lang)}
+    htmls.update(panel_headers(lang))
+    htmls["html-message"] = message_html(message, message_kind)
+
+    sid = s.focus if s.focus in eng.sequences else None
+    if sid is None:
+        hint = t("idle", lang)
+        for cid in CHART_IDS:
+            figs[cid] = empty("", hint, cid)
+        for key in ("html-template", "html-tokens", "html-bpe", "html-stream", "html-kv-formula"):
+            htmls[key] = ""
+        if last is not None:
+            figs["chart-kv-pool"] = kv_cache.block_pool_chart(last, lang)
+            figs["chart-timeline"] = timeline.timeline_chart(events, lang)
+        return {"figs": figs, "html": htmls}
+
+    req = s.requests[sid]
+    seq = eng.sequences[sid]
+    texts = s.token_texts(sid)
+    infos = s.token_infos(sid)
+    n_prompt = len(seq.prompt_ids)
+
+    # 1 · template & tokens
+    htmls["html-template"] = token_panels.template_html(req.text, req.spans, lang)
+    htmls["html-tokens"] = token_panels.token_chips_html(infos, n_prompt, lang)
+    figs["chart-bytes"] = tokens.bytes_per_token_chart(infos, n_prompt, lang)
+    word = (word or "").strip() or _default_word(req.prompt)
+    try:
+        htmls["html-bpe"] = token_panels.bpe_merges_html(bpe_merges(eng.tokenizer, word), lang)
+    except ValueError as exc:
+        htmls["html-bpe"] = message_html(str(exc), "warn")
+
+    # 2 · embeddings
+    figs["chart-pca"] = embeddings.embedding_pca(events, sid, texts, lang)
+    pos = len(texts) - 1 if neighbour_pos is None else max(0, min(int(neighbour_pos), len(texts) - 1))
+    tok_id = seq.token_ids[pos]
+    figs["chart-neighbours"] = embeddings.neighbours_chart(eng.nearest_tokens(int(tok_id), 10), texts[pos], lang)
+
+    # 3 · layers & attention
+    figs["chart-attention"] = attention.attention_heatmap(events, sid, layer, head, texts, lang)
+    figs["chart-heads"] = attention.attention_heads_grid(events, sid, layer, texts, lang)
+    figs["chart-entropy"] = attention.head_entropy_chart(events, sid, lang)
+    figs["chart-lens"] = attention.logit_lens_chart(events, sid, lang, texts=texts)
+
+    # 4 · logits, 5 · sampling
+    _, sev = s.last_seq_event(sid)
+    if sev is not None:
+        figs["chart-logits"] = logits.logits_chart(sev.sampling, sev.logit_stats, lang,
+                                                   forced_token=sev.new_token if sev.forced else None)
+        chain = what_if if what_if is not None else sev.sampling
+        figs["chart-sampling"] = sampling.sampling_chain_chart(chain, what_if=what_if is not None, lang=lang)
+        figs["chart-cdf"] = sampling.sampling_cdf_chart(chain, lang)
+    else:
+        for cid in ("chart-logits", "chart-sampling", "chart-cdf"):
+            figs[cid] = empty("", t("idle", lang) if not events else "…", cid)
+    figs["chart-perplexity"] = logits.perplexity_chart(events, sid, lang)
+
+    # 6 · detokenizer & stream
+    htmls["html-stream"] = stream.stream_html(events, sid, lang)
+    figs["chart-detok"] = detok.detok_table(events, sid, lang=lang)
+
+    # 7 · KV cache, 8 · timeline
+    if last is not None:
+        figs["chart-kv-pool"] = kv_cache.block_pool_chart(last, lang)
+        figs["chart-kv-tables"] = kv_cache.block_tables_chart(last, lang)
+        figs["chart-kv-memory"] = kv_cache.kv_memory_chart(last, lang)
+        htmls["html-kv-formula"] = kv_panel.kv_formula_html(last, lang)
+    else:
+        for cid in ("chart-kv-pool", "chart-kv-tables", "chart-kv-memory"):
+            figs[cid] = empty("", t("idle", lang), cid)
+        htmls["html-kv-formula"] = ""
+    figs["chart-timeline"] = timeline.timeline_chart(events, lang)
+    figs["chart-latency"] = timeline.latency_table(events, lang)
+    machine = machine or {}
+    if machine.get("bandwidth") and machine.get("peak_flops"):
+        figs["chart-roofline"] = timeline.roofline_chart(events, machine["bandwidth"], machine["peak_flops"], lang)
+    else:
+        figs["chart-roofline"] = empty("", "measuring this machine…", "chart-roofline")
+    return {"figs": figs, "html": htmls}
+
+
+def what_if_payload(s: LabSession, trace: dict, lang: str) -> dict:
+    """Only the sampling charts, recomputed for new slider values."""
+    return {"figs": {"chart-sampling": sampling.sampling_chain_chart(trace, what_if=True, lang=lang),
+                     "chart-cdf": sampling.sampling_cdf_chart(trace, lang)},
+            "html": {"html-message": message_html(t("whatif", lang), "whatif")}}
+
+
+def _default_word(prompt: str) -> str:
+    words = [w.strip(".,!?;:«»\"'()") for w in prompt.split()]
+    words = [w for w in words if w]
+    return max(words, key=len) if words else "gravity"
+
+
+def dumps(payload: dict) -> str:
+    return json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))

@@ -1,0 +1,357 @@
+"""The Gradio page: controls on the left, the eight stage panels on the right.
+
+Charts are not Gradio components: each handler returns one JSON payload (app/render.py) into a hidden
+textbox, and a client-side listener draws it with Plotly.react into persistent divs, so user zoom survives
+every step (gr.Plot would rebuild the figure and lose it).
+"""
+from __future__ import annotations
+
+import html
+import logging
+import time
+import traceback
+
+import gradio as gr
+
+from engine import SamplingParams
+from engine.scheduler import Status
+
+from . import render
+from .i18n import EXAMPLES, PANELS, UI, t
+from .session import SessionRegistry
+
+log = logging.getLogger("inferlab")
+
+RENDER_JS = "(payload) => { if (window.inferlab) { window.inferlab.render(payload); } return []; }"
+SLIDERS = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+           "presence_penalty"]
+
+
+def panels_html() -> str:
+    """The static skeleton: one section per stage with its chart containers (filled by lab.js)."""
+    parts = ['<div id="html-pipeline" class="il-pipeline"></div>', '<div id="html-message"></div>',
+             '<div class="il-panels">']
+    for key, title, text in PANELS:
+        wide = "" if key in ("logits", "sampling") else " il-wide"
+        parts.append(f'<section class="il-panel{wide}" id="panel-{key}">')
+        parts.append(f'<h3 id="html-title-{key}">{html.escape(title["en"])}</h3>')
+        parts.append(f'<p class="il-explain" id="html-text-{key}">{html.escape(text["en"])}</p>')
+        for hid in render.PANEL_HTML.get(key, []):
+            parts.append(f'<div id="{hid}" class="il-html {hid}"></div>')
+        parts.append('<div class="il-charts">')
+        for cid in render.PANEL_CHARTS[key]:
+            parts.append(f'<div id="{cid}" class="il-chart {cid}"></div>')
+        parts.append("</div></section>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+class LabHandlers:
+    """Gradio callbacks. Every one returns a payload; errors become a message, never a traceback."""
+
+    def __init__(self, registry: SessionRegistry, holder):
+        self.registry = registry
+        self.holder = holder  # model loading status: .ready, .progress, .message, .error, .machine
+
+    # ---- helpers ----------------------------------------------------------------------------------
+    def _session(self, request: gr.Request):
+        key = getattr(request, "session_hash", None) or "default"
+        return self.registry.get(key)
+
+    def _payload(self, s, view, message="", kind="info", what_if=None) -> str:
+        lang, layer, head, word, npos = view
+        npos = None if npos in (None, "") or int(npos) < 0 else int(npos)
+        p = render.build_payload(s, lang, int(layer or 0), int(head or 0), word or "", npos,
+                                 self.holder.machine, what_if, message, kind)
+        p["t"] = time.time()
+        return render.dumps(p)
+
+    def _error(self, exc: Exception, lang: str) -> str:
+        if isinstance(exc, ValueError):
+            text, kind = str(exc), "error"
+        elif isinstance(exc, RuntimeError) and "loading" in str(exc):
+            text, kind = t("loading", lang), "warn"
+        else:
+            log.error("handler failed:\n%s", traceback.format_exc())
+            text, kind = f"Something went wrong ({type(exc).__name__}: {exc}). The session is still usable.", "error"
+        return render.dumps({"figs": {}, "html": {"html-message": render.message_html(text, kind)}, "t": time.time()})
+
+    @staticmethod
+    def params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop) -> SamplingParams:
+        stops = tuple(x for x in (stop or "").split(",") if x.strip()) if stop else ()
+        stops = tuple(x.replace("\\n", "\n") for x in stops)
+        seed = None if seed in (None, "") else int(seed)
+        top_k = int(top_k) if top_k is not None and float(top_k).is_integer() else top_k
+        max_tokens = int(max_tokens) if max_tokens is not None and float(max_tokens).is_integer() else max_tokens
+        return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                              min_p=min_p, repetition_penalty=rep, frequency_penalty=freq,
+                              presence_penalty=pres, seed=seed, stop=stops)
+
+    # ---- callbacks --------------------------------------------------------------------------------
+    def step(self, prompt, chat, system, *rest, request: gr.Request = None):
+        *sampling_args, lang, layer, head, word, npos = rest
+        view = (lang, layer, head, word, npos)
+        try:
+            s = self._session(request)
+            params = self.params(*sampling_args)
+            with s.lock:
+                if not s.engine.has_unfinished():
+                    s.add_request(prompt, params, chat, system)
+                else:
+                    s.updated_params(params)
+                s.step()
+                return self._payload(s, view, *self._status(s, lang))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a message on the page
+            return self._error(exc, lang)
+
+    def add(self, prompt, chat, system, *rest, request: gr.Request = None):
+        *sampling_args, lang, layer, head, word, npos = rest
+        view = (lang, layer, head, word, npos)
+        try:
+            s = self._session(request)
+            rid = s.add_request(prompt, self.params(*sampling_args), chat, system)
+            msg = {"en": f"Request #{rid} queued: press Step to watch it join the batch.",
+                   "ru": f"Запрос №{rid} в очереди: нажмите «Шаг», чтобы он вошёл в батч."}[lang]
+            return self._payload(s, view, msg)
+        except Exception as exc:  # noqa: BLE001
+            return self._error(exc, lang)
+
+    def run(self, prompt, chat, system, *rest, request: gr.Request = None):
+        *sampling_args, lang, layer, head, word, npos = rest
+        view = (lang, layer, head, word, npos)
+        try:
+            s = self._session(request)
+            params = self.params(*sampling_args)
+            with s.lock:
+                if not s.engine.has_unfinished():
+                    s.add_request(prompt, params, chat, system)
+                else:
+                    s.updated_params(params)
+            s.running = True
+            while s.running and s.engine.has_unfinished():
+                with s.lock:
+                    s.step()
+                yield self._payload(s, view, *self._status(s, lang))
+            s.running = False
+        except Exception as exc:  # noqa: BLE001
+            yield self._error(exc, lang)
+
+    def pause(self, request: gr.Request = None):
+        try:
+            self._session(request).running = False
+        except Exception:  # noqa: BLE001 - pausing a session that is still loading is a no-op
+            pass
+
+    def reset(self, lang, request: gr.Request = None):
+        try:
+            key = getattr(request, "session_hash", None) or "default"
+            self.registry.drop(key)
+            s = self.registry.get(key)
+            return self._payload(s, (lang, 0, 0, "", None), "")
+        except Exception as exc:  # noqa: BLE001
+            return self._error(exc, lang)
+
+    def what_if(self, *args, request: gr.Request = None):
+        *sampling_args, lang = args
+        try:
+            s = self._session(request)
+            if s.focus is None or s.engine.sequences[s.focus].last_sampling is None:
+                return gr.skip()
+            trace = s.engine.what_if(s.focus, self.params(*sampling_args))
+            p = render.what_if_payload(s, trace, lang)
+            p["t"] = time.time()
+            return render.dumps(p)
+        except Exception as exc:  # noqa: BLE001
+            return self._error(exc, lang)
+
+    def view(self, lang, layer, head, word, npos, request: gr.Request = None):
+        try:
+            return self._payload(self._session(request), (lang, layer, head, word, npos))
+        except Exception as exc:  # noqa: BLE001
+            return self._error(exc, lang)
+
+    def focus(self, seq_label, lang, layer, head, word, npos, request: gr.Request = None):
+        try:
+            s = self._session(request)
+            if seq_label:
+                sid = int(str(seq_label).split()[0].lstrip("#"))
+                if sid in s.requests:
+                    s.focus = sid
+            return self._payload(s, (lang, layer, head, word, npos))
+        except Exception as exc:  # noqa: BLE001
+            return self._error(exc, lang)
+
+    def force(self, token_id, lang, layer, head, word, npos, request: gr.Request = None):
+        view = (lang, layer, head, word, npos)
+        try:
+            s = self._session(request)
+            if s.focus is None:
+                raise ValueError("start a sequence first (press Step)")
+            if token_id in (None, ""):
+                raise ValueError("token_id: enter a vocabulary id (click a bar in the logits chart)")
+            s.engine.force_token(s.focus, int(token_id))
+            text = s.engine.token_text(int(token_id))
+            msg = {"en": f"Token {int(token_id)} ({text!r}) will be forced at the next step.",
+                   "ru": f"Токен {int(token_id)} ({text!r}) будет навязан на следующем шаге."}[lang]
+            return self._payload(s, view, msg)
+        except Exception as exc:  # noqa: BLE001
+            return self._error(exc, lang)
+
+    def rewind(self, n, branch, lang, layer, head, word, npos, request: gr.Request = None):
+        view = (lang, layer, head, word, npos)
+        try:
+            s = self._session(request)
+            if s.focus is None:
+                raise ValueError("start a sequence first (press Step)")
+            if n in (None, ""):
+                raise ValueError("position: enter how many generated tokens to keep")
+            n = int(n)
+            if branch:
+                parent = s.requests[s.focus]
+                rid = s.engine.branch(s.focus, n)
+                s.requests[rid] = type(parent)(rid, parent.prompt, parent.chat, parent.system, parent.text,
+                                               parent.spans, parent.token_ids)
+                s.focus = rid
+                msg = f"Branch #{rid} keeps {n} generated tokens and shares their KV blocks."
+            else:
+                s.engine.rewind(s.focus, n)
+                msg = f"Rewound #{s.focus} to {n} generated tokens; later KV slots were released."
+            return self._payload(s, view, msg)
+        except Exception as exc:  # noqa: BLE001
+            return self._error(exc, lang)
+
+    def status(self, lang):
+        """Model loading progress while it loads; then the model's name (and the sliders' true ranges)."""
+        h = self.holder
+        if h.error:
+            return (f'<div class="il-msg il-msg-error">{html.escape(h.error)}</div>', gr.Timer(active=False),
+                    gr.update(), gr.update())
+        if not h.ready:
+            pct = int(100 * h.progress)
+            return (f'<div class="il-loading"><progress max="100" value="{pct}"></progress> '
+                    f'{html.escape(t("loading", lang))} {html.escape(h.message)}</div>', gr.Timer(active=True),
+                    gr.update(), gr.update())
+        return (f'<div class="il-ready">✓ {html.escape(t("ready", lang))}: {html.escape(h.model_id)} · '
+                f'{html.escape(h.device)}</div>', gr.Timer(active=False),
+                gr.update(maximum=h.spec.num_layers - 1), gr.update(maximum=h.spec.num_heads - 1))
+
+    def seq_choices(self, request: gr.Request = None):
+        try:
+            s = self._session(request)
+        except Exception:  # noqa: BLE001
+            return gr.update()
+        labels = []
+        for sid in s.seq_ids():
+            seq = s.engine.sequences[sid]
+            state = seq.finish_reason or seq.status.value
+            labels.append(f"#{sid} · {state} · {len(seq.output_ids)} tok")
+        value = next((x for x in labels if s.focus is not None and x.startswith(f"#{s.focus} ")), None)
+        return gr.update(choices=labels, value=value)
+
+    def _status(self, s, lang):
+        if s.engine.has_unfinished():
+            return "", "info"
+        if s.focus is not None and s.engine.sequences[s.focus].status is Status.FINISHED:
+            return t("finished", lang), "info"
+        return "", "info"
+
+    def relabel(self, lang):
+        """Labels of every control in the chosen language."""
+        keys = ["prompt", "chat", "system", *SLIDERS, "seed", "max_tokens", "stop", "focus", "layer", "head",
+                "force", "rewind", "word", "neighbour"]
+        buttons = ["step", "run", "pause", "reset", "add", "force_btn", "rewind_btn"]
+        return ([gr.update(label=t(k, lang)) for k in keys] + [gr.update(value=t(b, lang)) for b in buttons]
+                + [gr.update(label=t("branch_btn", lang)), gr.update(samples=[[e] for e in EXAMPLES[lang]])])
+
+
+def build_demo(registry: SessionRegistry, holder) -> gr.Blocks:
+    h = LabHandlers(registry, holder)
+    with gr.Blocks(title="InferLab") as demo:
+        with gr.Row(elem_classes="il-header"):
+            gr.HTML(f'<h1 class="il-title">{html.escape(UI["title"]["en"])}</h1>'
+                    f'<p class="il-sub">{html.escape(UI["subtitle"]["en"])}</p>', elem_id="il-title")
+            lang = gr.Radio(["en", "ru"], value="en", label=t("language", "en"), elem_id="lang", scale=0,
+                            min_width=140)
+        status = gr.HTML(elem_id="model-status")
+        timer = gr.Timer(0.5)
+        with gr.Row():
+            with gr.Column(scale=1, min_width=300, elem_classes="il-controls"):
+                prompt = gr.Textbox(value="Что такое гравитация?", label=t("prompt", "en"), lines=3,
+                                    elem_id="prompt")
+                examples = gr.Dataset(components=[prompt], samples=[[e] for e in EXAMPLES["en"] + EXAMPLES["ru"][:2]],
+                                      label=t("examples", "en"), elem_id="examples")
+                chat = gr.Checkbox(value=True, label=t("chat", "en"), elem_id="chat")
+                system = gr.Textbox(value="", label=t("system", "en"), lines=1, elem_id="system")
+                with gr.Row():
+                    step_btn = gr.Button(t("step", "en"), variant="primary", elem_id="step")
+                    run_btn = gr.Button(t("run", "en"), elem_id="run")
+                    pause_btn = gr.Button(t("pause", "en"), elem_id="pause")
+                    reset_btn = gr.Button(t("reset", "en"), variant="stop", elem_id="reset")
+                add_btn = gr.Button(t("add", "en"), elem_id="add_request", size="sm")
+                temperature = gr.Slider(0, 2, value=0.7, step=0.05, label=t("temperature", "en"), elem_id="temperature")
+                top_k = gr.Slider(0, 200, value=0, step=1, label=t("top_k", "en"), elem_id="top_k")
+                top_p = gr.Slider(0.01, 1, value=1.0, step=0.01, label=t("top_p", "en"), elem_id="top_p")
+                min_p = gr.Slider(0, 1, value=0.0, step=0.01, label=t("min_p", "en"), elem_id="min_p")
+                rep = gr.Slider(0.5, 2, value=1.0, step=0.05, label=t("repetition_penalty", "en"),
+                                elem_id="repetition_penalty")
+                freq = gr.Slider(-2, 2, value=0.0, step=0.1, label=t("frequency_penalty", "en"),
+                                 elem_id="frequency_penalty")
+                pres = gr.Slider(-2, 2, value=0.0, step=0.1, label=t("presence_penalty", "en"),
+                                 elem_id="presence_penalty")
+                with gr.Row():
+                    seed = gr.Number(value=0, precision=0, label=t("seed", "en"), elem_id="seed")
+                    max_tokens = gr.Number(value=64, precision=0, label=t("max_tokens", "en"), elem_id="max_tokens")
+                stop = gr.Textbox(value="", label=t("stop", "en"), elem_id="stop")
+                focus = gr.Dropdown(choices=[], label=t("focus", "en"), elem_id="focus", allow_custom_value=True)
+                with gr.Row():
+                    layer = gr.Slider(0, 29, value=0, step=1, label=t("layer", "en"), elem_id="layer")
+                    head = gr.Slider(0, 8, value=0, step=1, label=t("head", "en"), elem_id="head")
+                with gr.Row():
+                    force_id = gr.Number(value=None, precision=0, label=t("force", "en"), elem_id="force_id")
+                    force_btn = gr.Button(t("force_btn", "en"), elem_id="force", size="sm")
+                with gr.Row():
+                    rewind_n = gr.Number(value=None, precision=0, label=t("rewind", "en"), elem_id="rewind_n")
+                    branch = gr.Checkbox(value=False, label=t("branch_btn", "en"), elem_id="branch")
+                    rewind_btn = gr.Button(t("rewind_btn", "en"), elem_id="rewind", size="sm")
+                word = gr.Textbox(value="", label=t("word", "en"), elem_id="bpe_word")
+                npos = gr.Number(value=-1, precision=0, label=t("neighbour", "en"), elem_id="neighbour_pos")
+            with gr.Column(scale=3, elem_classes="il-main"):
+                gr.HTML(panels_html(), elem_id="panels")
+        payload = gr.Textbox(visible=False, elem_id="payload")
+
+        sampling_inputs = [temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop]
+        view_inputs = [lang, layer, head, word, npos]
+        full = [prompt, chat, system, *sampling_inputs, *view_inputs]
+
+        payload.change(None, [payload], None, js=RENDER_JS)
+        step_ev = step_btn.click(h.step, full, payload, concurrency_limit=None, show_progress="hidden")
+        step_ev.then(h.seq_choices, None, focus, show_progress="hidden")
+        run_ev = run_btn.click(h.run, full, payload, show_progress="hidden")
+        run_ev.then(h.seq_choices, None, focus, show_progress="hidden")
+        pause_btn.click(h.pause, None, None, cancels=[run_ev], queue=False)
+        add_btn.click(h.add, full, payload, show_progress="hidden").then(h.seq_choices, None, focus)
+        reset_btn.click(h.reset, [lang], payload, cancels=[run_ev]).then(h.seq_choices, None, focus)
+        for slider in (temperature, top_k, top_p, min_p, rep, freq, pres):
+            slider.change(h.what_if, [*sampling_inputs, lang], payload, trigger_mode="always_last",
+                          show_progress="hidden")
+        for ctl in (layer, head):
+            ctl.release(h.view, view_inputs, payload, show_progress="hidden", trigger_mode="always_last")
+        word.submit(h.view, view_inputs, payload, show_progress="hidden")
+        npos.submit(h.view, view_inputs, payload, show_progress="hidden")
+        focus.input(h.focus, [focus, *view_inputs], payload, show_progress="hidden")
+        force_btn.click(h.force, [force_id, *view_inputs], payload, show_progress="hidden")
+        rewind_btn.click(h.rewind, [rewind_n, branch, *view_inputs], payload, show_progress="hidden").then(
+            h.seq_choices, None, focus)
+        examples.click(lambda x: x[0], examples, prompt)
+        relabeled = [prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens,
+                     stop, focus, layer, head, force_id, rewind_n, word, npos, step_btn, run_btn, pause_btn,
+                     reset_btn, add_btn, force_btn, rewind_btn, branch, examples]
+        lang.change(h.relabel, lang, relabeled).then(h.view, view_inputs, payload)
+        timer.tick(h.status, lang, [status, timer, layer, head], show_progress="hidden")
+        demo.load(h.status, lang, [status, timer, layer, head])
+
+        def free_session(request: gr.Request):
+            registry.drop(getattr(request, "session_hash", None) or "default")
+
+        demo.unload(free_session)
+    return demo

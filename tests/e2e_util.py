@@ -1,0 +1,87 @@
+"""Helpers for browser tests: a real uvicorn server on a free port and Debian's Chromium via Playwright."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+CHROMIUM = os.environ.get("INFERLAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium_available() -> bool:
+    return os.path.exists(CHROMIUM) or shutil.which("chromium") is not None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_server(base_engine, kv_memory: int | None = 32 * 1024 * 1024):
+    """Serve the lab in this process (sharing the loaded model) until the block exits."""
+    import uvicorn
+
+    from app.server import create_app
+
+    app, holder = create_app(base=base_engine, kv_memory=kv_memory)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not server.started:
+        if time.time() > deadline:
+            raise RuntimeError("server did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@contextmanager
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def open_lab(b, url: str, width: int = 1600, height: int = 1000):
+    page = b.new_page(viewport={"width": width, "height": height})
+    page.goto(url)
+    page.wait_for_selector("#step", timeout=60000)
+    page.wait_for_function("() => window.inferlab && window.Plotly", timeout=60000)
+    page.wait_for_selector(".il-ready", timeout=60000)
+    return page
+
+
+def renders(page) -> int:
+    return page.evaluate("() => window.inferlab.state.renders")
+
+
+def click_and_wait(page, selector: str, timeout: float = 60000) -> None:
+    """Click a control and wait until the page has drawn the payload that click produced."""
+    before = renders(page)
+    page.click(selector)
+    page.wait_for_function(f"() => window.inferlab.state.renders > {before}", timeout=timeout)
+
+
+def chart_traces(page, chart_id: str):
+    return page.evaluate(f"""() => {{
+        const el = document.getElementById('{chart_id}');
+        return el && el.data ? el.data.map(t => ({{type: t.type || 'scatter', n: (t.y || t.z || t.x ||
+            (t.cells && t.cells.values) || []).length, name: t.name || ''}})) : null;
+    }}""")

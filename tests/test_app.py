@@ -1,0 +1,125 @@
+"""App-level tests of the Gradio handlers: the payload the page draws must be the engine's own data."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from app.render import CHART_IDS
+from app.server import ModelHolder
+from app.session import SessionRegistry
+from app.ui import LabHandlers
+
+DEFAULTS = dict(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0, rep=1.0, freq=0.0, pres=0.0, seed=1,
+                max_tokens=24, stop="")
+VIEW = ["en", 3, 2, "", None]
+
+
+def args(prompt="Что такое гравитация?", chat=True, system="", **over):
+    p = {**DEFAULTS, **over}
+    return [prompt, chat, system, p["temperature"], p["top_k"], p["top_p"], p["min_p"], p["rep"], p["freq"],
+            p["pres"], p["seed"], p["max_tokens"], p["stop"], *VIEW]
+
+
+@pytest.fixture
+def lab(base_engine):
+    registry = SessionRegistry(base_engine, kv_memory=32 * 1024 * 1024)
+    holder = ModelHolder(ready=True, model_id=base_engine.model_id, spec=base_engine.spec,
+                         machine={"bandwidth": 20e9, "peak_flops": 100e9})
+    return LabHandlers(registry, holder), registry
+
+
+def req(name="tab-a"):
+    return SimpleNamespace(session_hash=name)
+
+
+def test_step_payload_matches_engine_event(lab):
+    h, registry = lab
+    first = json.loads(h.step(*args(), request=req()))
+    second = json.loads(h.step(*args(), request=req()))
+    s = registry.sessions["tab-a"]
+    assert len(s.events) == 2
+    assert set(CHART_IDS) <= set(second["figs"])
+    ev = s.events[-1].seq(s.focus)
+    # the sampling chart's last stage bars are the trace's final probabilities
+    fig = second["figs"]["chart-sampling"]
+    final = ev.sampling["stages"][-1]["probs"]
+    ys = [y for tr in fig["data"] for y in (tr.get("y") or []) if isinstance(y, (int, float))]
+    assert all(any(abs(p - y) < 1e-6 for y in ys) for p in final if p > 0)
+    # the timeline has one bar per step with the measured step time
+    tl = second["figs"]["chart-timeline"]["data"]
+    bars = [y for tr in tl for y in (tr.get("y") or [])]
+    assert sorted(round(b, 6) for b in bars) == sorted(round(e.timing["step_ms"], 6) for e in s.events)
+    assert ev.new_token_text.strip()[:1] in second["html"]["html-tokens"] or ev.new_token is not None
+    assert "il-msg-error" not in (first["html"]["html-message"] + second["html"]["html-message"])
+
+
+def test_what_if_recomputes_without_stepping(lab):
+    h, registry = lab
+    h.step(*args(), request=req())
+    s = registry.sessions["tab-a"]
+    n = len(s.events)
+    base = s.events[-1].seq(s.focus).sampling
+    out = json.loads(h.what_if(0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 24, "", "en", request=req()))
+    assert len(s.events) == n
+    assert set(out["figs"]) == {"chart-sampling", "chart-cdf"}
+    assert "what-if" in out["html"]["html-message"].lower()
+    trace = s.engine.what_if(s.focus, h.params(0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 24, ""))
+    assert trace["u"] == base["u"] and trace["greedy"]
+
+
+def test_force_rewind_branch_reset(lab):
+    h, registry = lab
+    for _ in range(3):
+        h.step(*args(temperature=0.0), request=req())
+    s = registry.sessions["tab-a"]
+    sid = s.focus
+    forced = s.engine.tokenizer.encode(" Zebra", add_special_tokens=False)[0]
+    h.force(forced, *VIEW, request=req())
+    h.step(*args(temperature=0.0), request=req())
+    assert s.engine.sequences[sid].output_ids[-1] == forced
+    assert s.events[-1].seq(sid).forced
+    h.rewind(1, False, *VIEW, request=req())
+    assert len(s.engine.sequences[sid].output_ids) == 1
+    out = json.loads(h.rewind(1, True, *VIEW, request=req()))
+    assert s.focus != sid and s.engine.sequences[s.focus].parent_id == sid
+    assert "il-msg-error" not in out["html"]["html-message"]
+    h.reset("en", request=req())
+    assert registry.sessions["tab-a"].events == []
+
+
+def test_second_request_joins_the_batch(lab):
+    h, registry = lab
+    h.step(*args(), request=req())
+    h.add(*args(prompt="What is gravity?"), request=req())
+    h.step(*args(), request=req())
+    s = registry.sessions["tab-a"]
+    ev = s.events[-1]
+    assert len(ev.seqs) == 2 and {x.phase for x in ev.seqs} == {"prefill", "decode"}
+
+
+def test_run_streams_until_done_and_bad_input_is_a_message(lab):
+    h, registry = lab
+    outs = list(h.run(*args(max_tokens=5, temperature=0.0), request=req()))
+    s = registry.sessions["tab-a"]
+    assert len(outs) == len(s.events) == 5
+    assert not s.engine.has_unfinished()
+    for bad, field in [(dict(prompt="  "), "prompt"), (dict(top_p=0.0), "top_p"), (dict(max_tokens=0), "max_tokens"),
+                       (dict(prompt="x" * 30000), "prompt")]:
+        over = {k: v for k, v in bad.items() if k != "prompt"}
+        out = json.loads(h.step(*args(prompt=bad.get("prompt", "Hi"), **over), request=req("tab-b")))
+        msg = out["html"]["html-message"]
+        assert "il-msg-error" in msg and field in msg and "Traceback" not in msg
+    # and the session still works afterwards
+    out = json.loads(h.step(*args(prompt="Hi"), request=req("tab-b")))
+    assert "il-msg-error" not in out["html"]["html-message"]
+
+
+def test_sessions_are_independent_and_freed(lab):
+    h, registry = lab
+    h.step(*args(prompt="What is gravity?"), request=req("a"))
+    h.step(*args(prompt="Что такое гравитация?"), request=req("b"))
+    a, b = registry.sessions["a"], registry.sessions["b"]
+    assert a.engine is not b.engine and a.engine.kv is not b.engine.kv
+    assert a.engine.blocks.stats()["used"] > 0
+    registry.drop("a")
+    assert "a" not in registry.sessions and a.engine.blocks.stats()["used"] == 0

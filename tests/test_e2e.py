@@ -1,0 +1,119 @@
+"""The whole page in Debian's Chromium, driven by Playwright against a real server and the real engine."""
+import json
+from pathlib import Path
+
+import pytest
+
+from e2e_util import (browser, chart_traces, chromium_available, click_and_wait, open_lab, renders,
+                            running_server)
+
+pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def lab(base_engine):
+    with running_server(base_engine) as (url, app):
+        with browser() as b:
+            yield url, app, b
+
+
+def set_prompt(page, text):
+    page.fill("#prompt textarea", text)
+
+
+def chart_ids():
+    from app.render import CHART_IDS
+
+    return CHART_IDS
+
+
+def test_step_draws_every_panel(lab):
+    url, app, b = lab
+    page = open_lab(b, url)
+    set_prompt(page, "Что такое гравитация?")
+    for _ in range(4):
+        click_and_wait(page, "#step button, button#step")
+    for cid in chart_ids():
+        traces = chart_traces(page, cid)
+        assert traces, f"{cid} has no traces"
+        assert any(t["n"] > 0 for t in traces), f"{cid} has empty traces: {traces}"
+    # the page's data is the engine's: the stream text equals what the engine emitted
+    registry = app.state.registry
+    session = next(iter(registry.sessions.values()))
+    seq = session.engine.sequences[session.focus]
+    assert len(seq.output_ids) == 3  # prefill + 3 decode steps... the first step samples too
+    stream = page.inner_text("#html-stream")
+    assert seq.detok.text.strip()[:10] in stream
+    chips = page.locator("#html-tokens .il-chip").count()
+    assert chips == seq.num_tokens
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "lab.png"), full_page=True)
+    page.close()
+
+
+def test_temperature_changes_sampling_chart_without_a_step(lab):
+    url, app, b = lab
+    page = open_lab(b, url)
+    set_prompt(page, "Name a fruit.")
+    click_and_wait(page, "#step button, button#step")
+    click_and_wait(page, "#step button, button#step")
+    registry = app.state.registry
+    steps_before = sum(len(s.events) for s in registry.sessions.values())
+    before = page.evaluate("() => JSON.stringify(document.getElementById('chart-sampling').data)")
+    n = renders(page)
+    slider = page.locator("#temperature input[type=number]")
+    slider.fill("1.8")
+    slider.press("Enter")
+    page.wait_for_function(f"() => window.inferlab.state.renders > {n}", timeout=30000)
+    after = page.evaluate("() => JSON.stringify(document.getElementById('chart-sampling').data)")
+    assert before != after
+    assert "what-if" in page.inner_text("#html-message").lower() or "what" in page.inner_text("#html-message").lower()
+    assert sum(len(s.events) for s in registry.sessions.values()) == steps_before  # no model step ran
+    page.close()
+
+
+def test_zoom_survives_a_step(lab):
+    url, app, b = lab
+    page = open_lab(b, url)
+    set_prompt(page, "Count to five.")
+    for _ in range(3):
+        click_and_wait(page, "#step button, button#step")
+    page.evaluate("() => Plotly.relayout('chart-timeline', {'xaxis.range': [0.5, 1.5]})")
+    click_and_wait(page, "#step button, button#step")
+    rng = page.evaluate("() => document.getElementById('chart-timeline').layout.xaxis.range")
+    assert rng == [0.5, 1.5]
+    n_bars = page.evaluate("() => document.getElementById('chart-timeline').data[0].x.length")
+    assert n_bars >= 1
+    page.close()
+
+
+def test_two_tabs_are_independent(lab):
+    url, app, b = lab
+    ctx_a, ctx_b = b.new_context(), b.new_context()
+    pa, pb = open_lab(ctx_a, url), open_lab(ctx_b, url)
+    set_prompt(pa, "What is gravity?")
+    set_prompt(pb, "Что такое гравитация?")
+    for _ in range(3):
+        click_and_wait(pa, "#step button, button#step")
+    click_and_wait(pb, "#step button, button#step")
+    sa = json.loads(pa.evaluate("() => JSON.stringify(document.getElementById('chart-timeline').data[0].x)"))
+    sb = json.loads(pb.evaluate("() => JSON.stringify(document.getElementById('chart-timeline').data[0].x)"))
+    assert len(sa) == 3 and len(sb) == 1
+    assert "гравитация" in pb.inner_text("#html-template") and "гравитация" not in pa.inner_text("#html-template")
+    ctx_a.close()
+    ctx_b.close()
+
+
+def test_bad_input_shows_message_not_traceback(lab):
+    url, app, b = lab
+    page = open_lab(b, url)
+    set_prompt(page, "   ")
+    click_and_wait(page, "#step button, button#step")
+    msg = page.inner_text("#html-message")
+    assert "prompt must not be empty" in msg and "Traceback" not in page.content()
+    set_prompt(page, "Hi")
+    page.fill("#max_tokens input", "0")
+    click_and_wait(page, "#step button, button#step")
+    assert "max_tokens" in page.inner_text("#html-message")
+    page.close()
