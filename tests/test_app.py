@@ -43,11 +43,12 @@ def test_step_payload_matches_engine_event(lab):
     # the sampling chart's last stage bars are the trace's final probabilities
     fig = second["figs"]["chart-sampling"]
     final = ev.sampling["stages"][-1]["probs"]
-    ys = [y for tr in fig["data"] for y in (tr.get("y") or []) if isinstance(y, (int, float))]
-    assert all(any(abs(p - y) < 1e-6 for y in ys) for p in final if p > 0)
+    # horizontal bars: one row per tracked token, the probability on x
+    xs = [x for tr in fig["data"] if tr.get("type") == "bar" for x in (tr.get("x") or []) if isinstance(x, (int, float))]
+    assert all(any(abs(p - x) < 1e-6 for x in xs) for p in final if p > 0)
     # the timeline has one bar per step with the measured step time
     tl = second["figs"]["chart-timeline"]["data"]
-    bars = [y for tr in tl for y in (tr.get("y") or [])]
+    bars = [y for tr in tl if tr.get("name") == "steps" for y in tr["y"]]
     assert sorted(round(b, 6) for b in bars) == sorted(round(e.timing["step_ms"], 6) for e in s.events)
     assert ev.new_token_text.strip()[:1] in second["html"]["html-tokens"] or ev.new_token is not None
     assert "il-msg-error" not in (first["html"]["html-message"] + second["html"]["html-message"])

@@ -238,8 +238,9 @@ def test_block_pool_grid_reproduces_blocks(run):
                     continue
                 b = ev.blocks[bid]
                 seen += 1
-                assert heat["customdata"][r][c][:5] == [b["id"], b["state"], b["refcount"],
-                                                        ", ".join(map(str, b["owners"])) or "—", b["hashed"]]
+                assert heat["customdata"][r][c] == [b["id"], b["state"], b["refcount"],
+                                                    ", ".join(map(str, b["owners"])) or "—",
+                                                    "yes" if b["hashed"] else "no"]
                 assert heat["text"][r][c] == (f"×{b['refcount']}" if b["refcount"] > 1 else "")
                 color = scale[2 * code][1]
                 if b["state"] == "used":

@@ -31,7 +31,8 @@ TEXT = {
         "pool": "KV block pool",
         "pool_title": "KV block pool: {used} used · {cached} cached · {free} free of {n} blocks × {bs} tokens",
         "no_event": "Step the engine to see the KV block pool.",
-        "state": {"used": "used", "cached": "cached (free, prefix kept)", "free": "free"},
+        "state": {"used": "used", "cached": "cached", "free": "free"},
+        "legend_cached": "cached (free, prefix kept)",
         "seq": "seq",
         "block": "block",
         "refcount": "refcount",
@@ -60,7 +61,8 @@ TEXT = {
         "pool": "Пул блоков KV",
         "pool_title": "Пул блоков KV: {used} занято · {cached} в кэше · {free} свободно из {n} блоков × {bs} токенов",
         "no_event": "Сделайте шаг, чтобы увидеть пул блоков KV.",
-        "state": {"used": "занят", "cached": "в кэше (свободен, префикс сохранён)", "free": "свободен"},
+        "state": {"used": "занят", "cached": "в кэше", "free": "свободен"},
+        "legend_cached": "в кэше (свободен, префикс сохранён)",
         "seq": "посл.",
         "block": "блок",
         "refcount": "ссылок",
@@ -137,8 +139,9 @@ def block_pool_chart(event, lang: str = "en") -> dict:
     """The pool as a grid, COLS blocks per row (block id = row*COLS + col).
 
     z = colour code (owner's sequence colour / cached grey / free near-white); text "×n" on blocks shared by n
-    sequences; customdata[row][col] = [id, state, refcount, "owners" ("—" if none), hashed, state label, hashed
-    label] (None on padding cells). The hover is a template over customdata, so the payload stays small.
+    sequences; customdata[row][col] = [id, state, refcount, "owners" ("—" if none), "yes"/"no" hashed], with state
+    and yes/no in the page's language (None on padding cells). The hover is a template over customdata, so the
+    payload has no per-cell hover strings.
     """
     tx = _t(lang)
     blocks = list(_g(event, "blocks", None) or []) if event is not None else []
@@ -163,11 +166,10 @@ def block_pool_chart(event, lang: str = "en") -> dict:
         text[r][c] = f"×{rc}" if rc > 1 else ""
         owners_s = ", ".join(str(o) for o in owners)
         hashed = bool(b.get("hashed"))
-        # [id, state, refcount, owners, hashed] for code and tests, then the localised state and hashed words.
-        cd[r][c] = [bid, state, rc, owners_s or "—", hashed, tx["state"].get(state, state),
-                    tx["yes"] if hashed else tx["no"]]
-    hover = (f"{tx['block']} %{{customdata[0]}}<br>%{{customdata[5]}}<br>{tx['refcount']} %{{customdata[2]}}"
-             f"<br>{tx['owners']}: %{{customdata[3]}}<br>{tx['hashed']}: %{{customdata[6]}}<extra></extra>")
+        # Localised words (in English: the state itself and yes/no), so the hover needs no per-cell strings.
+        cd[r][c] = [bid, tx["state"].get(state, state), rc, owners_s or "—", tx["yes"] if hashed else tx["no"]]
+    hover = (f"{tx['block']} %{{customdata[0]}}<br>%{{customdata[1]}}<br>{tx['refcount']} %{{customdata[2]}}"
+             f"<br>{tx['owners']}: %{{customdata[3]}}<br>{tx['hashed']}: %{{customdata[4]}}<extra></extra>")
     heat = dict(type="heatmap", name="blocks", z=z, text=text, texttemplate="%{text}", textfont=dict(size=10),
                 customdata=cd, hovertemplate=hover,
                 colorscale=discrete_colorscale(), zmin=-0.5, zmax=NUM_CODES - 0.5, showscale=False, hoverongaps=False,
@@ -175,7 +177,7 @@ def block_pool_chart(event, lang: str = "en") -> dict:
     data = [heat]
     for s in sorted(owners_seen):
         data.append(_legend(f"{tx['seq']} {s}", seq_color(s)))
-    data.append(_legend(tx["state"]["cached"], GREY))
+    data.append(_legend(tx["legend_cached"], GREY))
     data.append(_legend(tx["state"]["free"], FREE_COLOR))
     title = tx["pool_title"].format(used=kv.get("used", sum(b["state"] == "used" for b in blocks)),
                                     cached=kv.get("cached", sum(b["state"] == "cached" for b in blocks)),

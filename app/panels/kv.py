@@ -52,6 +52,8 @@ def _size(b: float) -> str:
 
 
 def _num(v) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return html.escape(str(v))
     return f"{v:,}" if isinstance(v, int) else f"{v:g}"
 
 

@@ -1,0 +1,82 @@
+"""UI latency: time from a Step click to every chart redrawn in Chromium, at a 100-token sequence.
+
+    python bench/ui_latency.py [--clicks 15] [--tokens 100]
+
+Serves the lab in-process (real engine, real websocket/HTTP path through Gradio), opens it in Debian's
+Chromium with Playwright, brings the focused sequence to --tokens tokens, then clicks Step repeatedly. Each
+measurement runs inside the page: performance.now() at the click, and again when lab.js has finished
+Plotly.react on the payload that click produced. Also prints the server-side split (engine step, payload
+build) so the browser's share is visible. Target on CPU: median <= 250 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from e2e_util import browser, click_and_wait, open_lab, running_server  # noqa: E402
+
+CLICK_JS = """() => new Promise((resolve) => {
+  const before = window.inferlab.state.renders;
+  const t0 = performance.now();
+  document.querySelector('#step').click();
+  const poll = () => {
+    if (window.inferlab.state.renders > before) resolve(window.inferlab.state.lastRender - t0);
+    else requestAnimationFrame(poll);
+  };
+  poll();
+})"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clicks", type=int, default=15)
+    ap.add_argument("--tokens", type=int, default=100)
+    args = ap.parse_args()
+
+    from engine import Engine
+
+    base = Engine.from_pretrained("bundled")
+    with running_server(base) as (url, app), browser() as b:
+        page = open_lab(b, url)
+        page.fill("#prompt textarea", "Что такое гравитация? Explain it with an everyday example.")
+        page.fill("#max_tokens input", "400")
+        page.press("#max_tokens input", "Enter")
+        click_and_wait(page, "#step")
+        session = next(iter(app.state.registry.sessions.values()))
+        seq = session.engine.sequences[session.focus]
+        seq.params.ignore_eos = True  # keep the sequence alive long enough to measure
+        while seq.num_tokens < args.tokens:
+            session.step()
+        click_and_wait(page, "#step")  # draw the state reached server-side
+        page.evaluate(CLICK_JS)  # one warm-up click
+        times, server_step, server_payload = [], [], []
+        render = app.state.registry  # noqa: F841 - keeps the registry alive while measuring
+        for _ in range(args.clicks):
+            times.append(page.evaluate(CLICK_JS))
+            server_step.append(session.events[-1].timing["step_ms"])
+        from app import render as R
+
+        for _ in range(5):
+            t = time.perf_counter()
+            R.dumps(R.build_payload(session, "en", 0, 0, "", None, {"bandwidth": 2e10, "peak_flops": 1e11}))
+            server_payload.append((time.perf_counter() - t) * 1e3)
+        n = seq.num_tokens
+    med = statistics.median(times)
+    print(f"sequence length at measurement: {n} tokens; {args.clicks} Step clicks")
+    print(f"click -> all charts redrawn (median): {med:7.1f} ms   (p90 {sorted(times)[int(0.9 * len(times)) - 1]:.1f} ms)"
+          f"   target <= 250 ms")
+    print(f"  engine step with full instrumentation (median): {statistics.median(server_step):7.1f} ms")
+    print(f"  payload build + JSON (median):                  {statistics.median(server_payload):7.1f} ms")
+    print(f"  the rest (Gradio round trip, Plotly.react):      "
+          f"{med - statistics.median(server_step) - statistics.median(server_payload):7.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
