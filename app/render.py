@@ -55,15 +55,38 @@ def panel_headers(lang: str) -> dict[str, str]:
 
 def build_payload(s: LabSession, lang: str = "en", layer: int = 0, head: int = 0, word: str = "",
                   neighbour_pos: int | None = None, machine: dict | None = None, what_if: dict | None = None,
-                  message: str = "", message_kind: str = "info") -> dict:
-    """Every panel's figure and HTML for the session's current state."""
+                  message: str = "", message_kind: str = "info", only: set[str] | None = None) -> dict:
+    """The panels' figures and HTML for the session's current state.
+
+    `only`: the chart containers to build (those in the user's view); the rest are listed as "stale" and
+    fetched when they scroll into view. None builds everything.
+    """
+    payload = _build(s, lang, layer, head, word, neighbour_pos, machine, what_if, message, message_kind, only)
+    if only is not None:
+        payload["stale"] = sorted(set(CHART_IDS) - set(payload["figs"]))
+    return payload
+
+
+class _Lazy(dict):
+    """A figure dict that computes a chart only if that chart is wanted."""
+
+    def __init__(self, only):
+        super().__init__()
+        self.only = only
+
+    def put(self, cid, make):
+        if self.only is None or cid in self.only:
+            self[cid] = make()
+
+
+def _build(s, lang, layer, head, word, neighbour_pos, machine, what_if, message, message_kind, only) -> dict:
     eng = s.engine
     spec = eng.spec
     layer = max(0, min(int(layer), spec.num_layers - 1))
     head = max(0, min(int(head), spec.num_heads - 1))
     events = s.events
     last = events[-1] if events else None
-    figs: dict[str, dict] = {}
+    figs = _Lazy(only)
     htmls: dict[str, str] = {"html-pipeline": pipeline.pipeline_html(last, lang)}
     htmls.update(panel_headers(lang))
     htmls["html-message"] = message_html(message, message_kind)
@@ -72,13 +95,13 @@ def build_payload(s: LabSession, lang: str = "en", layer: int = 0, head: int = 0
     if sid is None:
         hint = t("idle", lang)
         for cid in CHART_IDS:
-            figs[cid] = empty("", hint, cid)
+            figs.put(cid, lambda: empty("", hint, cid))
         for key in ("html-template", "html-tokens", "html-bpe", "html-stream", "html-kv-formula"):
             htmls[key] = ""
         if last is not None:
-            figs["chart-kv-pool"] = kv_cache.block_pool_chart(last, lang)
-            figs["chart-timeline"] = timeline.timeline_chart(events, lang)
-        return {"figs": figs, "html": htmls}
+            figs.put("chart-kv-pool", lambda: kv_cache.block_pool_chart(last, lang))
+            figs.put("chart-timeline", lambda: timeline.timeline_chart(events, lang))
+        return {"figs": dict(figs), "html": htmls}
 
     req = s.requests[sid]
     seq = eng.sequences[sid]
@@ -89,7 +112,7 @@ def build_payload(s: LabSession, lang: str = "en", layer: int = 0, head: int = 0
     # 1 · template & tokens
     htmls["html-template"] = token_panels.template_html(req.text, req.spans, lang)
     htmls["html-tokens"] = token_panels.token_chips_html(infos, n_prompt, lang)
-    figs["chart-bytes"] = tokens.bytes_per_token_chart(infos, n_prompt, lang)
+    figs.put("chart-bytes", lambda: tokens.bytes_per_token_chart(infos, n_prompt, lang))
     word = (word or "").strip() or _default_word(req.prompt)
     try:
         htmls["html-bpe"] = token_panels.bpe_merges_html(bpe_merges(eng.tokenizer, word), lang)
@@ -97,52 +120,52 @@ def build_payload(s: LabSession, lang: str = "en", layer: int = 0, head: int = 0
         htmls["html-bpe"] = message_html(str(exc), "warn")
 
     # 2 · embeddings
-    figs["chart-pca"] = embeddings.embedding_pca(events, sid, texts, lang)
+    figs.put("chart-pca", lambda: embeddings.embedding_pca(events, sid, texts, lang))
     pos = len(texts) - 1 if neighbour_pos is None else max(0, min(int(neighbour_pos), len(texts) - 1))
     tok_id = seq.token_ids[pos]
-    figs["chart-neighbours"] = embeddings.neighbours_chart(eng.nearest_tokens(int(tok_id), 10), texts[pos], lang)
+    figs.put("chart-neighbours", lambda: embeddings.neighbours_chart(eng.nearest_tokens(int(tok_id), 10), texts[pos], lang))
 
     # 3 · layers & attention
-    figs["chart-attention"] = attention.attention_heatmap(events, sid, layer, head, texts, lang)
-    figs["chart-heads"] = attention.attention_heads_grid(events, sid, layer, texts, lang)
-    figs["chart-entropy"] = attention.head_entropy_chart(events, sid, lang)
-    figs["chart-lens"] = attention.logit_lens_chart(events, sid, lang, texts=texts)
+    figs.put("chart-attention", lambda: attention.attention_heatmap(events, sid, layer, head, texts, lang))
+    figs.put("chart-heads", lambda: attention.attention_heads_grid(events, sid, layer, texts, lang, max_positions=32))
+    figs.put("chart-entropy", lambda: attention.head_entropy_chart(events, sid, lang))
+    figs.put("chart-lens", lambda: attention.logit_lens_chart(events, sid, lang, texts=texts, max_positions=32))
 
     # 4 · logits, 5 · sampling
     _, sev = s.last_seq_event(sid)
     if sev is not None:
-        figs["chart-logits"] = logits.logits_chart(sev.sampling, sev.logit_stats, lang,
-                                                   forced_token=sev.new_token if sev.forced else None)
+        figs.put("chart-logits", lambda: logits.logits_chart(sev.sampling, sev.logit_stats, lang,
+                                                   forced_token=sev.new_token if sev.forced else None))
         chain = what_if if what_if is not None else sev.sampling
-        figs["chart-sampling"] = sampling.sampling_chain_chart(chain, what_if=what_if is not None, lang=lang)
-        figs["chart-cdf"] = sampling.sampling_cdf_chart(chain, lang)
+        figs.put("chart-sampling", lambda: sampling.sampling_chain_chart(chain, what_if=what_if is not None, lang=lang))
+        figs.put("chart-cdf", lambda: sampling.sampling_cdf_chart(chain, lang))
     else:
         for cid in ("chart-logits", "chart-sampling", "chart-cdf"):
-            figs[cid] = empty("", t("idle", lang) if not events else "…", cid)
-    figs["chart-perplexity"] = logits.perplexity_chart(events, sid, lang)
+            figs.put(cid, lambda: empty("", t("idle", lang) if not events else "…", cid))
+    figs.put("chart-perplexity", lambda: logits.perplexity_chart(events, sid, lang))
 
     # 6 · detokenizer & stream
     htmls["html-stream"] = stream.stream_html(events, sid, lang)
-    figs["chart-detok"] = detok.detok_table(events, sid, lang=lang)
+    figs.put("chart-detok", lambda: detok.detok_table(events, sid, lang=lang))
 
     # 7 · KV cache, 8 · timeline
     if last is not None:
-        figs["chart-kv-pool"] = kv_cache.block_pool_chart(last, lang)
-        figs["chart-kv-tables"] = kv_cache.block_tables_chart(last, lang)
-        figs["chart-kv-memory"] = kv_cache.kv_memory_chart(last, lang)
+        figs.put("chart-kv-pool", lambda: kv_cache.block_pool_chart(last, lang))
+        figs.put("chart-kv-tables", lambda: kv_cache.block_tables_chart(last, lang))
+        figs.put("chart-kv-memory", lambda: kv_cache.kv_memory_chart(last, lang))
         htmls["html-kv-formula"] = kv_panel.kv_formula_html(last, lang)
     else:
         for cid in ("chart-kv-pool", "chart-kv-tables", "chart-kv-memory"):
-            figs[cid] = empty("", t("idle", lang), cid)
+            figs.put(cid, lambda: empty("", t("idle", lang), cid))
         htmls["html-kv-formula"] = ""
-    figs["chart-timeline"] = timeline.timeline_chart(events, lang)
-    figs["chart-latency"] = timeline.latency_table(events, lang)
+    figs.put("chart-timeline", lambda: timeline.timeline_chart(events, lang))
+    figs.put("chart-latency", lambda: timeline.latency_table(events, lang))
     machine = machine or {}
     if machine.get("bandwidth") and machine.get("peak_flops"):
-        figs["chart-roofline"] = timeline.roofline_chart(events, machine["bandwidth"], machine["peak_flops"], lang)
+        figs.put("chart-roofline", lambda: timeline.roofline_chart(events, machine["bandwidth"], machine["peak_flops"], lang))
     else:
-        figs["chart-roofline"] = empty("", "measuring this machine…", "chart-roofline")
-    return {"figs": figs, "html": htmls}
+        figs.put("chart-roofline", lambda: empty("", "measuring this machine…", "chart-roofline"))
+    return {"figs": dict(figs), "html": htmls}
 
 
 def what_if_payload(s: LabSession, trace: dict, lang: str) -> dict:

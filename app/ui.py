@@ -7,6 +7,7 @@ every step (gr.Plot would rebuild the figure and lose it).
 from __future__ import annotations
 
 import html
+import json
 import logging
 import time
 import traceback
@@ -59,10 +60,11 @@ class LabHandlers:
         return self.registry.get(key)
 
     def _payload(self, s, view, message="", kind="info", what_if=None) -> str:
-        lang, layer, head, word, npos = view
+        lang, layer, head, word, npos, visible = view
         npos = None if npos in (None, "") or int(npos) < 0 else int(npos)
+        only = _visible_set(visible)
         p = render.build_payload(s, lang, int(layer or 0), int(head or 0), word or "", npos,
-                                 self.holder.machine, what_if, message, kind)
+                                 self.holder.machine, what_if, message, kind, only=only)
         p["t"] = time.time()
         return render.dumps(p)
 
@@ -88,9 +90,11 @@ class LabHandlers:
                               presence_penalty=pres, seed=seed, stop=stops)
 
     # ---- callbacks --------------------------------------------------------------------------------
-    def step(self, prompt, chat, system, *rest, request: gr.Request = None):
-        *sampling_args, lang, layer, head, word, npos = rest
-        view = (lang, layer, head, word, npos)
+    def step(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
+             lang, layer, head, word, npos, visible, request: gr.Request = None):
+        # explicit parameters (no *args): Gradio injects `request` only into signatures it can read
+        sampling_args = (temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
+        view = (lang, layer, head, word, npos, visible)
         try:
             s = self._session(request)
             params = self.params(*sampling_args)
@@ -104,9 +108,11 @@ class LabHandlers:
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message on the page
             return self._error(exc, lang)
 
-    def add(self, prompt, chat, system, *rest, request: gr.Request = None):
-        *sampling_args, lang, layer, head, word, npos = rest
-        view = (lang, layer, head, word, npos)
+    def add(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
+             lang, layer, head, word, npos, visible, request: gr.Request = None):
+        # explicit parameters (no *args): Gradio injects `request` only into signatures it can read
+        sampling_args = (temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
+        view = (lang, layer, head, word, npos, visible)
         try:
             s = self._session(request)
             rid = s.add_request(prompt, self.params(*sampling_args), chat, system)
@@ -116,9 +122,11 @@ class LabHandlers:
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
-    def run(self, prompt, chat, system, *rest, request: gr.Request = None):
-        *sampling_args, lang, layer, head, word, npos = rest
-        view = (lang, layer, head, word, npos)
+    def run(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
+             lang, layer, head, word, npos, visible, request: gr.Request = None):
+        # explicit parameters (no *args): Gradio injects `request` only into signatures it can read
+        sampling_args = (temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
+        view = (lang, layer, head, word, npos, visible)
         try:
             s = self._session(request)
             params = self.params(*sampling_args)
@@ -147,12 +155,12 @@ class LabHandlers:
             key = getattr(request, "session_hash", None) or "default"
             self.registry.drop(key)
             s = self.registry.get(key)
-            return self._payload(s, (lang, 0, 0, "", None), "")
+            return self._payload(s, (lang, 0, 0, "", None, ""), "")
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
-    def what_if(self, *args, request: gr.Request = None):
-        *sampling_args, lang = args
+    def what_if(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, request: gr.Request = None):
+        sampling_args = (temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
         try:
             s = self._session(request)
             if s.focus is None or s.engine.sequences[s.focus].last_sampling is None:
@@ -164,25 +172,25 @@ class LabHandlers:
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
-    def view(self, lang, layer, head, word, npos, request: gr.Request = None):
+    def view(self, lang, layer, head, word, npos, visible, request: gr.Request = None):
         try:
-            return self._payload(self._session(request), (lang, layer, head, word, npos))
+            return self._payload(self._session(request), (lang, layer, head, word, npos, visible))
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
-    def focus(self, seq_label, lang, layer, head, word, npos, request: gr.Request = None):
+    def focus(self, seq_label, lang, layer, head, word, npos, visible, request: gr.Request = None):
         try:
             s = self._session(request)
             if seq_label:
                 sid = int(str(seq_label).split()[0].lstrip("#"))
                 if sid in s.requests:
                     s.focus = sid
-            return self._payload(s, (lang, layer, head, word, npos))
+            return self._payload(s, (lang, layer, head, word, npos, visible))
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
-    def force(self, token_id, lang, layer, head, word, npos, request: gr.Request = None):
-        view = (lang, layer, head, word, npos)
+    def force(self, token_id, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        view = (lang, layer, head, word, npos, visible)
         try:
             s = self._session(request)
             if s.focus is None:
@@ -197,8 +205,8 @@ class LabHandlers:
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
-    def rewind(self, n, branch, lang, layer, head, word, npos, request: gr.Request = None):
-        view = (lang, layer, head, word, npos)
+    def rewind(self, n, branch, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        view = (lang, layer, head, word, npos, visible)
         try:
             s = self._session(request)
             if s.focus is None:
@@ -264,6 +272,17 @@ class LabHandlers:
                 + [gr.update(label=t("branch_btn", lang)), gr.update(samples=[[e] for e in EXAMPLES[lang]])])
 
 
+def _visible_set(visible) -> set[str] | None:
+    """The chart ids lab.js reported in view; None (build everything) when it has not reported yet."""
+    if not visible:
+        return None
+    try:
+        ids = json.loads(visible)
+    except ValueError:
+        return None
+    return {i for i in ids if i in render.CHART_IDS} if isinstance(ids, list) else None
+
+
 def build_demo(registry: SessionRegistry, holder) -> gr.Blocks:
     h = LabHandlers(registry, holder)
     with gr.Blocks(title="InferLab") as demo:
@@ -318,9 +337,13 @@ def build_demo(registry: SessionRegistry, holder) -> gr.Blocks:
             with gr.Column(scale=3, elem_classes="il-main"):
                 gr.HTML(panels_html(), elem_id="panels")
         payload = gr.Textbox(visible=False, elem_id="payload")
+        # set by lab.js: the chart containers in view (only those are built and sent); rendered but hidden
+        # with CSS because Gradio drops invisible components from the DOM, where the script writes to them
+        visible = gr.Textbox(value="", elem_id="visible", elem_classes="il-hidden", container=False)
+        refresh = gr.Button("refresh", elem_id="refresh", elem_classes="il-hidden")
 
         sampling_inputs = [temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop]
-        view_inputs = [lang, layer, head, word, npos]
+        view_inputs = [lang, layer, head, word, npos, visible]
         full = [prompt, chat, system, *sampling_inputs, *view_inputs]
 
         payload.change(None, [payload], None, js=RENDER_JS)
@@ -337,6 +360,7 @@ def build_demo(registry: SessionRegistry, holder) -> gr.Blocks:
         for ctl in (layer, head):
             ctl.release(h.view, view_inputs, payload, show_progress="hidden", trigger_mode="always_last")
         word.submit(h.view, view_inputs, payload, show_progress="hidden")
+        refresh.click(h.view, view_inputs, payload, show_progress="hidden", trigger_mode="always_last")
         npos.submit(h.view, view_inputs, payload, show_progress="hidden")
         focus.input(h.focus, [focus, *view_inputs], payload, show_progress="hidden")
         force_btn.click(h.force, [force_id, *view_inputs], payload, show_progress="hidden")

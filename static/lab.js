@@ -1,7 +1,8 @@
 // InferLab page glue: draws the server's payload into persistent divs with Plotly.react, which keeps each
 // chart's zoom/pan (layout.uirevision) across steps, and wires clicks on charts/tokens to the controls.
 (function () {
-  const state = { renders: 0, lastRender: 0, lastPayloadTime: 0, bound: new Set() };
+  const state = { renders: 0, lastRender: 0, lastPayloadTime: 0, bound: new Set(), timings: {}, renderStart: 0,
+                  pending: {}, drawn: {}, stale: {} };
 
   function setGradioValue(elemId, value) {
     // Gradio listens to 'input' events on its own <input>/<textarea>; set the value the way a user would.
@@ -48,8 +49,64 @@
     });
   }
 
+  const CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["select2d", "lasso2d"] };
+
+  function isVisible(el) {
+    const r = el.getBoundingClientRect();
+    const margin = 200;
+    return r.bottom > -margin && r.top < window.innerHeight + margin && r.width > 0;
+  }
+
+  function draw(id) {
+    const fig = state.pending[id];
+    const el = document.getElementById(id);
+    if (!fig || !el || !window.Plotly) return;
+    delete state.pending[id];
+    const t0 = performance.now();
+    window.Plotly.react(el, fig.data, fig.layout, CONFIG);
+    state.timings[id] = performance.now() - t0;
+    state.drawn[id] = (state.drawn[id] || 0) + 1;
+    bindChartClicks(el);
+  }
+
+  // Drawing every chart after every step would make the browser, not the engine, the bottleneck: charts
+  // below the fold keep only their latest figure and are drawn when they scroll into view.
+  // The server builds and sends only the figures of charts in view (a payload's size is most of a step's
+  // latency); the others are marked stale and fetched when they scroll into view.
+  const visible = new Set();
+  let syncTimer = null;
+  function syncVisible() {
+    clearTimeout(syncTimer);
+    syncTimer = setTimeout(() => {
+      setGradioValue("visible", JSON.stringify([...visible].sort()));
+      const missing = [...visible].some((id) => state.stale[id]);
+      if (missing) setTimeout(() => click("refresh"), 60);
+    }, 80);
+  }
+  const observer = "IntersectionObserver" in window ? new IntersectionObserver((entries) => {
+    for (const e of entries) {
+      if (e.isIntersecting) { visible.add(e.target.id); draw(e.target.id); }
+      else visible.delete(e.target.id);
+    }
+    syncVisible();
+  }, { rootMargin: "200px" }) : null;
+  function observeAll() {
+    document.querySelectorAll(".il-chart").forEach((el) => observe(el));
+  }
+  const observed = new Set();
+  function observe(el) {
+    if (!observer || observed.has(el.id)) return;
+    observed.add(el.id);
+    observer.observe(el);
+  }
+
+  function flush() {  // draw everything now (screenshots, tests)
+    for (const id of Object.keys(state.pending)) draw(id);
+  }
+
   function render(payload) {
     if (!payload) return;
+    const tStart = performance.now();
     const p = typeof payload === "string" ? JSON.parse(payload) : payload;
     if (!p || p.t === state.lastPayloadTime) return;
     state.lastPayloadTime = p.t;
@@ -57,14 +114,24 @@
       const el = document.getElementById(id);
       if (el) el.innerHTML = html;
     }
-    const config = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["select2d", "lasso2d"] };
+    state.timings = {};
+    for (const id of p.stale || []) state.stale[id] = true;
+    observeAll();
     for (const [id, fig] of Object.entries(p.figs || {})) {
+      delete state.stale[id];
       const el = document.getElementById(id);
-      if (!el || !window.Plotly) continue;
-      window.Plotly.react(el, fig.data, fig.layout, config);
-      bindChartClicks(el);
+      if (!el) continue;
+      state.pending[id] = fig;
+      observe(el);
+      if (isVisible(el)) draw(id);  // off-screen charts are drawn when scrolled into view
     }
+    state.renderStart = tStart;
     bindTokenClicks();
+    // a payload built while the view was changing may leave a chart in view stale: ask for it (bounded, so a
+    // server that cannot build a chart does not cause a request loop)
+    const staleInView = [...visible].some((id) => state.stale[id]);
+    state.refreshes = staleInView ? (state.refreshes || 0) + 1 : 0;
+    if (staleInView && state.refreshes <= 3) syncVisible();
     state.renders += 1;
     state.lastRender = performance.now();
     document.body.dataset.ilRenders = String(state.renders);
@@ -78,6 +145,10 @@
     if (target) { e.preventDefault(); click(target); }
   }
   document.addEventListener("keydown", keyboard);
+  // Gradio renders the page after this script runs: start observing the chart containers once they exist.
+  const boot = setInterval(() => {
+    if (document.querySelector(".il-chart")) { observeAll(); clearInterval(boot); }
+  }, 200);
 
-  window.inferlab = { render, state };
+  window.inferlab = { render, flush, state, visible };
 })();

@@ -60,7 +60,8 @@ def browser():
 
 
 def open_lab(b, url: str, width: int = 1600, height: int = 1000):
-    page = b.new_page(viewport={"width": width, "height": height})
+    # a Browser takes the viewport per page; a BrowserContext (a separate "tab" with its own cookies) has one
+    page = b.new_page(viewport={"width": width, "height": height}) if hasattr(b, "new_context") else b.new_page()
     page.goto(url)
     page.wait_for_selector("#step", timeout=60000)
     page.wait_for_function("() => window.inferlab && window.Plotly", timeout=60000)
@@ -85,3 +86,15 @@ def chart_traces(page, chart_id: str):
         return el && el.data ? el.data.map(t => ({{type: t.type || 'scatter', n: (t.y || t.z || t.x ||
             (t.cells && t.cells.values) || []).length, name: t.name || ''}})) : null;
     }}""")
+
+
+def ensure_drawn(page, chart_id: str, timeout: float = 30000) -> None:
+    """Scroll a chart into view and wait until its current figure is drawn (charts draw lazily)."""
+    # drawing other charts can shift the layout, so the predicate scrolls the chart back into view each poll
+    page.wait_for_function(
+        """id => { const s = window.inferlab.state; const el = document.getElementById(id);
+                   if (!s.stale[id] && !s.pending[id] && el.data && el.data.length > 0) return true;
+                   const r = el.getBoundingClientRect();
+                   if (r.bottom < 0 || r.top > window.innerHeight) el.scrollIntoView({block: 'center'});
+                   return false; }""",
+        arg=chart_id, timeout=timeout, polling=250)

@@ -11,7 +11,7 @@ from app.ui import LabHandlers
 
 DEFAULTS = dict(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0, rep=1.0, freq=0.0, pres=0.0, seed=1,
                 max_tokens=24, stop="")
-VIEW = ["en", 3, 2, "", None]
+VIEW = ["en", 3, 2, "", None, ""]
 
 
 def args(prompt="Что такое гравитация?", chat=True, system="", **over):

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e_util import (browser, chart_traces, chromium_available, click_and_wait, open_lab, renders,
-                            running_server)
+from e2e_util import (browser, chart_traces, chromium_available, click_and_wait, ensure_drawn, open_lab, renders,
+                      running_server)
 
 pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
@@ -35,6 +35,7 @@ def test_step_draws_every_panel(lab):
     for _ in range(4):
         click_and_wait(page, "#step button, button#step")
     for cid in chart_ids():
+        ensure_drawn(page, cid)
         traces = chart_traces(page, cid)
         assert traces, f"{cid} has no traces"
         assert any(t["n"] > 0 for t in traces), f"{cid} has empty traces: {traces}"
@@ -42,12 +43,13 @@ def test_step_draws_every_panel(lab):
     registry = app.state.registry
     session = next(iter(registry.sessions.values()))
     seq = session.engine.sequences[session.focus]
-    assert len(seq.output_ids) == 3  # prefill + 3 decode steps... the first step samples too
+    assert len(seq.output_ids) == 4  # the prefill step samples the first token, then 3 decode steps
     stream = page.inner_text("#html-stream")
     assert seq.detok.text.strip()[:10] in stream
     chips = page.locator("#html-tokens .il-chip").count()
     assert chips == seq.num_tokens
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.evaluate("() => { window.scrollTo(0, 0); window.inferlab.flush(); }")
     page.screenshot(path=str(SCREENSHOTS / "lab.png"), full_page=True)
     page.close()
 
@@ -60,12 +62,14 @@ def test_temperature_changes_sampling_chart_without_a_step(lab):
     click_and_wait(page, "#step button, button#step")
     registry = app.state.registry
     steps_before = sum(len(s.events) for s in registry.sessions.values())
+    ensure_drawn(page, "chart-sampling")
     before = page.evaluate("() => JSON.stringify(document.getElementById('chart-sampling').data)")
     n = renders(page)
     slider = page.locator("#temperature input[type=number]")
     slider.fill("1.8")
     slider.press("Enter")
     page.wait_for_function(f"() => window.inferlab.state.renders > {n}", timeout=30000)
+    page.evaluate("() => window.inferlab.flush()")
     after = page.evaluate("() => JSON.stringify(document.getElementById('chart-sampling').data)")
     assert before != after
     assert "what-if" in page.inner_text("#html-message").lower() or "what" in page.inner_text("#html-message").lower()
@@ -79,24 +83,30 @@ def test_zoom_survives_a_step(lab):
     set_prompt(page, "Count to five.")
     for _ in range(3):
         click_and_wait(page, "#step button, button#step")
+    ensure_drawn(page, "chart-timeline")
     page.evaluate("() => Plotly.relayout('chart-timeline', {'xaxis.range': [0.5, 1.5]})")
     click_and_wait(page, "#step button, button#step")
+    # redrawn with the 4th step's bar (not just left as it was), and the zoom is still there
+    page.wait_for_function("() => document.getElementById('chart-timeline').data[0].x.length === 4", timeout=30000,
+                           polling=250)
+    ensure_drawn(page, "chart-timeline")
     rng = page.evaluate("() => document.getElementById('chart-timeline').layout.xaxis.range")
     assert rng == [0.5, 1.5]
-    n_bars = page.evaluate("() => document.getElementById('chart-timeline').data[0].x.length")
-    assert n_bars >= 1
     page.close()
 
 
 def test_two_tabs_are_independent(lab):
     url, app, b = lab
-    ctx_a, ctx_b = b.new_context(), b.new_context()
+    ctx_a = b.new_context(viewport={"width": 1600, "height": 1000})
+    ctx_b = b.new_context(viewport={"width": 1600, "height": 1000})
     pa, pb = open_lab(ctx_a, url), open_lab(ctx_b, url)
     set_prompt(pa, "What is gravity?")
     set_prompt(pb, "Что такое гравитация?")
     for _ in range(3):
         click_and_wait(pa, "#step button, button#step")
     click_and_wait(pb, "#step button, button#step")
+    ensure_drawn(pa, "chart-timeline")
+    ensure_drawn(pb, "chart-timeline")
     sa = json.loads(pa.evaluate("() => JSON.stringify(document.getElementById('chart-timeline').data[0].x)"))
     sb = json.loads(pb.evaluate("() => JSON.stringify(document.getElementById('chart-timeline').data[0].x)"))
     assert len(sa) == 3 and len(sb) == 1
