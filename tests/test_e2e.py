@@ -87,8 +87,8 @@ def test_zoom_survives_a_step(lab):
     page.evaluate("() => Plotly.relayout('chart-timeline', {'xaxis.range': [0.5, 1.5]})")
     click_and_wait(page, "#step button, button#step")
     # redrawn with the 4th step's bar (not just left as it was), and the zoom is still there
-    page.wait_for_function("() => document.getElementById('chart-timeline').data[0].x.length === 4", timeout=30000,
-                           polling=250)
+    page.wait_for_function("""() => { const el = document.getElementById('chart-timeline');
+        el.scrollIntoView({block: 'center'}); return el.data[0].x.length === 4; }""", timeout=30000, polling=250)
     ensure_drawn(page, "chart-timeline")
     rng = page.evaluate("() => document.getElementById('chart-timeline').layout.xaxis.range")
     assert rng == [0.5, 1.5]
