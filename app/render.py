@@ -89,7 +89,12 @@ def _build(s, lang, layer, head, word, neighbour_pos, machine, what_if, message,
     figs = _Lazy(only)
     htmls: dict[str, str] = {"html-pipeline": pipeline.pipeline_html(last, lang)}
     htmls.update(panel_headers(lang))
-    htmls["html-message"] = message_html(message, message_kind)
+    if what_if is None:
+        what_if = s.what_if
+    if message is not None:  # None: leave the page's message as it is (a refresh of charts in view)
+        htmls["html-message"] = message_html(message, message_kind)
+    if what_if is not None and not message:
+        htmls["html-message"] = message_html(t("whatif", lang), "whatif")
 
     sid = s.focus if s.focus in eng.sequences else None
     if sid is None:

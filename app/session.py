@@ -38,6 +38,7 @@ class LabSession:
     last_used: float = field(default_factory=time.time)
     lock: threading.RLock = field(default_factory=threading.RLock)
     running: bool = False  # a Run loop is active (Pause clears it)
+    what_if: dict | None = None  # the focused sequence's chain recomputed for new slider values, until a step
 
     @classmethod
     def create(cls, base: Engine, kv_memory: int | None = None) -> "LabSession":
@@ -70,6 +71,7 @@ class LabSession:
             if not self.engine.has_unfinished():
                 return None
             event = self.engine.step(trace=True)
+            self.what_if = None  # the new step used the sliders' values: nothing is hypothetical any more
             self.events.append(event)
             del self.events[:-MAX_EVENTS]
             return event
@@ -83,6 +85,7 @@ class LabSession:
             self.requests.clear()
             self.focus = None
             self.running = False
+            self.what_if = None
 
     def close(self) -> None:
         self.reset()

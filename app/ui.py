@@ -164,8 +164,9 @@ class LabHandlers:
         try:
             s = self._session(request)
             if s.focus is None or s.engine.sequences[s.focus].last_sampling is None:
-                return gr.skip()
+                return gr.skip()  # nothing sampled yet: the sliders simply apply to the first step
             trace = s.engine.what_if(s.focus, self.params(*sampling_args))
+            s.what_if = trace
             p = render.what_if_payload(s, trace, lang)
             p["t"] = time.time()
             return render.dumps(p)
@@ -174,7 +175,7 @@ class LabHandlers:
 
     def view(self, lang, layer, head, word, npos, visible, request: gr.Request = None):
         try:
-            return self._payload(self._session(request), (lang, layer, head, word, npos, visible))
+            return self._payload(self._session(request), (lang, layer, head, word, npos, visible), message=None)
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
@@ -183,8 +184,8 @@ class LabHandlers:
             s = self._session(request)
             if seq_label:
                 sid = int(str(seq_label).split()[0].lstrip("#"))
-                if sid in s.requests:
-                    s.focus = sid
+                if sid in s.requests and sid != s.focus:
+                    s.focus, s.what_if = sid, None  # a what-if belongs to the sequence it was made for
             return self._payload(s, (lang, layer, head, word, npos, visible))
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
