@@ -175,12 +175,15 @@ def latency_table(events, lang: str = "en") -> dict:
     rows = latency_rows(events)
     if not rows:
         return empty(tx["latency"], tx["no_steps"], UIREV_LATENCY)
-    cols = [[r["seq_id"] for r in rows], [r["ttft_ms"] for r in rows], [r["mean_itl_ms"] for r in rows],
-            [r["tokens"] for r in rows], [r["tok_s"] for r in rows],
+    def f1(v):  # formatted here: plotly.js tables drop every cell when a column's d3 format is null
+        return "–" if v is None else f"{v:.1f}"
+
+    cols = [[r["seq_id"] for r in rows], [f1(r["ttft_ms"]) for r in rows], [f1(r["mean_itl_ms"]) for r in rows],
+            [r["tokens"] for r in rows], [f1(r["tok_s"]) for r in rows],
             [r["finish_reason"] or tx["running"] for r in rows]]
     trace = dict(type="table", columnwidth=[40, 70, 110, 90, 100, 70],
                  header=dict(values=[f"<b>{c}</b>" for c in tx["cols"]], fill=dict(color="#F0F0F0"), align="left"),
-                 cells=dict(values=cols, align="left", height=24, format=[None, ".1f", ".1f", None, ".1f", None]))
+                 cells=dict(values=cols, align="left", height=24))
     lay = layout(tx["latency_title"], UIREV_LATENCY, height=min(100 + 26 * len(rows), 420),
                  margin=dict(l=10, r=10, t=40, b=10))
     return figure([trace], lay)
