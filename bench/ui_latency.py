@@ -63,7 +63,6 @@ def main() -> None:
             ensure_drawn(page, args.view)
         page.evaluate(CLICK_JS)  # one warm-up click
         times, waits, server_step, server_payload = [], [], [], []
-        render = app.state.registry  # noqa: F841 - keeps the registry alive while measuring
         for _ in range(args.clicks):
             total, until_render, per_chart = page.evaluate(CLICK_JS)
             times.append(total)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_util import (browser, chart_traces, chromium_available, click_and_wait, ensure_drawn, open_lab,
+from e2e_util import (browser, chart_traces, chromium_available, click_and_wait, ensure_drawn, open_lab, renders,
                       running_server)
 
 pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
@@ -129,4 +129,21 @@ def test_bad_input_shows_message_not_traceback(lab):
     page.fill("#max_tokens input", "0")
     click_and_wait(page, "#step button, button#step")
     assert "max_tokens" in page.inner_text("#html-message")
+    page.close()
+
+
+def test_language_switch_relabels_page_and_charts(lab):
+    url, app, b = lab
+    page = open_lab(b, url)
+    set_prompt(page, "Что такое гравитация?")
+    click_and_wait(page, "#step button, button#step")
+    before = renders(page)
+    page.locator("#lang label", has_text="ru").click()
+    page.wait_for_function(f"() => window.inferlab.state.renders > {before}", timeout=30000)
+    page.wait_for_function("() => document.querySelector('#step').innerText.includes('Шаг')", timeout=30000)
+    assert "Шаблон" in page.inner_text("#html-title-template")
+    assert "Температура" in page.inner_text("#temperature")
+    ensure_drawn(page, "chart-timeline")
+    title = page.evaluate("() => JSON.stringify(document.getElementById('chart-timeline').layout.title)")
+    assert any("\u0400" <= ch <= "\u04ff" for ch in json.loads(title)["text"])  # the chart speaks Russian too
     page.close()

@@ -5,6 +5,7 @@ from typing import Any
 
 from .common import empty, figure, layout
 from .sampling import plot_label, plot_text
+from .common import field as _g
 
 UIREV = "chart-detok"
 HELD_FILL = "#FFF4D6"
@@ -29,11 +30,6 @@ TEXT = {
 }
 
 
-def _g(obj: Any, key: str, default: Any = None) -> Any:
-    """Read a field of an event object or of its to_dict() form."""
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
 
 
 def seq_steps(events, seq_id: int) -> list[tuple[int, Any]]:

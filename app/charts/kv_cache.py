@@ -6,9 +6,9 @@ event.block_tables and event.kv (BlockManager.stats() plus bytes and the naive a
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from .common import FREE, GREY, SEQ_COLORS, empty, figure, layout, seq_color
+from .common import field as _g
 
 COLS = 32  # blocks per grid row: block id = row * COLS + col
 UIREV_POOL = "chart-kv-pool"
@@ -95,10 +95,6 @@ def _t(lang: str) -> dict:
     return TEXT.get(lang, TEXT["en"])
 
 
-def _g(obj: Any, key: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
 
 
 def discrete_colorscale() -> list:

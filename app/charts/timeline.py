@@ -6,9 +6,9 @@ clicks of "Step" does not count.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from .common import GREY, empty, figure, layout
+from .common import field as _g
 
 UIREV_TIMELINE = "chart-timeline"
 UIREV_LATENCY = "chart-latency"
@@ -72,10 +72,6 @@ def _t(lang: str) -> dict:
     return TEXT.get(lang, TEXT["en"])
 
 
-def _g(obj: Any, key: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
 
 
 def step_kind(event) -> str:

@@ -6,7 +6,7 @@ il-kv-stats (the <ul> of counters), il-kv-empty (placeholder before the first st
 from __future__ import annotations
 
 import html
-from typing import Any
+from ..charts.common import field as _g
 
 TEXT = {
     "en": {
@@ -34,10 +34,6 @@ TEXT = {
 }
 
 
-def _g(obj: Any, key: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
 
 
 def _size(b: float) -> str:

@@ -7,7 +7,7 @@ il-pipeline-summary ("step N · prefill 48 tok / decode 2 seqs · 35 ms").
 from __future__ import annotations
 
 import html
-from typing import Any
+from ..charts.common import field as _g
 
 STAGES = ("template", "tokens", "embeddings", "layers", "logits", "sampling", "detokenizer", "stream")
 
@@ -33,10 +33,6 @@ TEXT = {
 }
 
 
-def _g(obj: Any, key: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
 
 
 def lit_stages(event) -> set[str]:

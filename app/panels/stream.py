@@ -8,7 +8,7 @@ il-stream-empty (placeholder when nothing has been sampled yet).
 from __future__ import annotations
 
 import html
-from typing import Any
+from ..charts.common import field as _g
 
 TEXT = {
     "en": {"empty": "Nothing streamed yet for sequence {seq}.",
@@ -22,10 +22,6 @@ TEXT = {
 }
 
 
-def _g(obj: Any, key: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
 
 
 def _seq_events(events, seq_id: int) -> list:
