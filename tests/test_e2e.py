@@ -147,3 +147,25 @@ def test_language_switch_relabels_page_and_charts(lab):
     title = page.evaluate("() => JSON.stringify(document.getElementById('chart-timeline').layout.title)")
     assert any("\u0400" <= ch <= "\u04ff" for ch in json.loads(title)["text"])  # the chart speaks Russian too
     page.close()
+
+
+def test_click_a_logits_bar_forces_that_token(lab):
+    url, app, b = lab
+    page = open_lab(b, url)
+    set_prompt(page, "What is gravity?")
+    click_and_wait(page, "#step button, button#step")
+    ensure_drawn(page, "chart-logits")
+    # a real mouse click on the third bar of the logits chart
+    bar = page.locator("#chart-logits .bars .point path").nth(2)
+    token_id = page.evaluate("""() => { const t = document.getElementById('chart-logits').data[0];
+        return Array.isArray(t.customdata[2]) ? t.customdata[2][0] : t.customdata[2]; }""")
+    box = bar.bounding_box()  # the bars start left of the visible axis range: click near their right end
+    page.mouse.click(box["x"] + box["width"] - 4, box["y"] + box["height"] / 2)
+    page.wait_for_function("() => document.querySelector('#html-message').innerText.includes('forced')",
+                           timeout=30000)
+    click_and_wait(page, "#step button, button#step")
+    session = max(app.state.registry.sessions.values(), key=lambda s: s.last_used)
+    seq = session.engine.sequences[session.focus]
+    assert seq.output_ids[-1] == int(token_id)
+    assert session.events[-1].seq(session.focus).forced
+    page.close()
