@@ -32,7 +32,7 @@ PANEL_CHARTS = {
     "sampling": ["chart-sampling", "chart-cdf"],
     "detok": ["chart-detok"],
     "kv": ["chart-kv-pool", "chart-kv-tables", "chart-kv-memory"],
-    "timeline": ["chart-timeline", "chart-latency", "chart-roofline"],
+    "timeline": ["chart-timeline", "chart-roofline", "chart-latency"],
 }
 PANEL_HTML = {
     "template": ["html-template", "html-tokens", "html-bpe"],
