@@ -120,7 +120,11 @@ def _build(s, lang, layer, head, word, neighbour_pos, machine, what_if, message,
     figs.put("chart-bytes", lambda: tokens.bytes_per_token_chart(infos, n_prompt, lang))
     word = (word or "").strip() or _default_word(req.prompt)
     try:
-        htmls["html-bpe"] = token_panels.bpe_merges_html(bpe_merges(eng.tokenizer, word), lang)
+        summary = {"en": f"How byte-level BPE builds «{word}», merge by merge",
+                   "ru": f"Как байтовый BPE собирает «{word}», слияние за слиянием"}[lang if lang == "ru" else "en"]
+        # folded by default: the trace is long and would push every other panel down
+        htmls["html-bpe"] = (f'<details class="il-bpe-box"><summary>{html.escape(summary)}</summary>'
+                             f'{token_panels.bpe_merges_html(bpe_merges(eng.tokenizer, word), lang)}</details>')
     except ValueError as exc:
         htmls["html-bpe"] = message_html(str(exc), "warn")
 
