@@ -124,3 +124,31 @@ def test_sessions_are_independent_and_freed(lab):
     assert a.engine.blocks.stats()["used"] > 0
     registry.drop("a")
     assert "a" not in registry.sessions and a.engine.blocks.stats()["used"] == 0
+
+
+def test_concurrent_sessions_do_not_disturb_each_other(lab):
+    """Two tabs stepping at the same time share the weights but never each other's KV or results."""
+    import threading
+
+    h, registry = lab
+    prompts = {"t1": "What is gravity?", "t2": "Что такое гравитация?"}
+    expected = {k: registry.base.session().generate(p, h.params(0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 12, "")).token_ids
+                for k, p in prompts.items()}
+    errors = []
+
+    def drive(key):
+        try:
+            for _ in range(12):
+                h.step(*args(prompt=prompts[key], temperature=0.0, max_tokens=12), request=req(key))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drive, args=(k,)) for k in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for key in prompts:
+        s = registry.sessions[key]
+        assert s.engine.sequences[s.focus].output_ids == expected[key]

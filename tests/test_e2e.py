@@ -169,3 +169,23 @@ def test_click_a_logits_bar_forces_that_token(lab):
     assert seq.output_ids[-1] == int(token_id)
     assert session.events[-1].seq(session.focus).forced
     page.close()
+
+
+def test_closing_a_tab_frees_its_session_and_kv(lab):
+    url, app, b = lab
+    registry = app.state.registry
+    ctx = b.new_context(viewport={"width": 1600, "height": 1000})
+    page = open_lab(ctx, url)
+    set_prompt(page, "What is gravity?")
+    click_and_wait(page, "#step button, button#step")
+    mine = max(registry.sessions.items(), key=lambda kv: kv[1].last_used)
+    key, session = mine
+    assert session.engine.blocks.stats()["used"] > 0
+    ctx.close()  # the tab goes away: Gradio's unload fires and the registry drops the session
+    import time
+
+    deadline = time.time() + 60
+    while key in registry.sessions and time.time() < deadline:
+        time.sleep(0.5)
+    assert key not in registry.sessions
+    assert session.engine.blocks.stats()["used"] == 0
