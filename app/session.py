@@ -39,6 +39,7 @@ class LabSession:
     lock: threading.RLock = field(default_factory=threading.RLock)
     running: bool = False  # a Run loop is active (Pause clears it)
     what_if: dict | None = None  # the focused sequence's chain recomputed for new slider values, until a step
+    sent_html: dict = field(default_factory=dict)  # the HTML pieces the page already shows (sent only on change)
 
     @classmethod
     def create(cls, base: Engine, kv_memory: int | None = None) -> "LabSession":

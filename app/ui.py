@@ -65,6 +65,10 @@ class LabHandlers:
         only = _visible_set(visible)
         p = render.build_payload(s, lang, int(layer or 0), int(head or 0), word or "", npos,
                                  self.holder.machine, what_if, message, kind, only=only)
+        # the template, BPE trace and panel texts rarely change: send an HTML piece only when it differs from
+        # what this tab already shows (a step's latency grows with its payload)
+        p["html"] = {k: v for k, v in p["html"].items() if s.sent_html.get(k) != v}
+        s.sent_html.update(p["html"])
         p["t"] = time.time()
         return render.dumps(p)
 
@@ -245,16 +249,19 @@ class LabHandlers:
                 gr.update(maximum=h.spec.num_layers - 1), gr.update(maximum=h.spec.num_heads - 1))
 
     def seq_choices(self, request: gr.Request = None):
+        """The sequence dropdown; untouched (gr.skip) unless a sequence appeared, finished or the focus moved."""
         try:
             s = self._session(request)
         except Exception:  # noqa: BLE001
-            return gr.update()
+            return gr.skip()
         labels = []
         for sid in s.seq_ids():
             seq = s.engine.sequences[sid]
-            state = seq.finish_reason or seq.status.value
-            labels.append(f"#{sid} · {state} · {len(seq.output_ids)} tok")
+            labels.append(f"#{sid} · {seq.finish_reason or seq.status.value}")
         value = next((x for x in labels if s.focus is not None and x.startswith(f"#{s.focus} ")), None)
+        if s.sent_html.get("_focus_choices") == (labels, value):
+            return gr.skip()
+        s.sent_html["_focus_choices"] = (labels, value)
         return gr.update(choices=labels, value=value)
 
     def _status(self, s, lang):
