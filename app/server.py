@@ -35,9 +35,13 @@ class ModelHolder:
             base = Engine.from_pretrained(self.source, device=self.device, progress=progress, **engine_kwargs)
             self.message = "measuring this machine's bandwidth and matmul speed"
             self.machine = {"bandwidth": measure_bandwidth(base.device), "peak_flops": measure_peak_flops(base.device)}
-        except Exception as exc:  # noqa: BLE001 - shown on the page instead of a traceback
-            log.exception("model load failed")
+        except ValueError as exc:  # ModelLoadError and bad settings: a message, no traceback anywhere
+            log.error("model load failed: %s", exc)
             self.error = f"Could not load model {self.source!r}: {exc}"
+            return
+        except Exception as exc:  # noqa: BLE001 - unexpected: the console keeps the traceback, the page a message
+            log.exception("model load failed")
+            self.error = f"Could not load model {self.source!r}: {type(exc).__name__}: {exc}"
             return
         self.model_id, self.spec = base.model_id, base.spec
         registry.base = base

@@ -155,3 +155,16 @@ def test_concurrent_sessions_do_not_disturb_each_other(lab):
     for key in prompts:
         s = registry.sessions[key]
         assert s.engine.sequences[s.focus].output_ids == expected[key]
+
+
+def test_unknown_model_and_loading_state_are_messages():
+    registry = SessionRegistry()
+    holder = ModelHolder(source="/no/such/model/dir")
+    h = LabHandlers(registry, holder)
+    # while nothing is loaded, a Step is a polite message, not an error page
+    out = json.loads(h.step(*args(), request=req()))
+    assert "Loading the model" in out["html"]["html-message"]
+    holder.load(registry)
+    assert not holder.ready and "No model directory" in holder.error
+    status_html = h.status("en")[0]
+    assert "No model directory" in status_html and "Traceback" not in status_html
