@@ -132,7 +132,8 @@ def _build(s, lang, layer, head, word, neighbour_pos, machine, what_if, message,
     figs.put("chart-pca", lambda: embeddings.embedding_pca(events, sid, texts, lang))
     pos = len(texts) - 1 if neighbour_pos is None else max(0, min(int(neighbour_pos), len(texts) - 1))
     tok_id = seq.token_ids[pos]
-    figs.put("chart-neighbours", lambda: embeddings.neighbours_chart(eng.nearest_tokens(int(tok_id), 10), texts[pos], lang))
+    figs.put("chart-neighbours",
+             lambda: embeddings.neighbours_chart(eng.nearest_tokens(int(tok_id), 10), texts[pos], lang))
 
     # 3 · layers & attention
     figs.put("chart-attention", lambda: attention.attention_heatmap(events, sid, layer, head, texts, lang))
@@ -171,7 +172,8 @@ def _build(s, lang, layer, head, word, neighbour_pos, machine, what_if, message,
     figs.put("chart-latency", lambda: timeline.latency_table(events, lang))
     machine = machine or {}
     if machine.get("bandwidth") and machine.get("peak_flops"):
-        figs.put("chart-roofline", lambda: timeline.roofline_chart(events, machine["bandwidth"], machine["peak_flops"], lang))
+        figs.put("chart-roofline",
+                 lambda: timeline.roofline_chart(events, machine["bandwidth"], machine["peak_flops"], lang))
     else:
         figs.put("chart-roofline", lambda: empty("", "measuring this machine…", "chart-roofline"))
     return {"figs": dict(figs), "html": htmls}

@@ -163,7 +163,8 @@ class LabHandlers:
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
-    def what_if(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, request: gr.Request = None):
+    def what_if(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang,
+                request: gr.Request = None):
         sampling_args = (temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
         try:
             s = self._session(request)

@@ -31,8 +31,8 @@ def to_np(x: Any) -> np.ndarray:
         return np.zeros(0)
     if hasattr(x, "detach"):
         return x.detach().cpu().float().numpy()
-    return np.asarray([np.nan if v is None else v for v in x] if isinstance(x, list) and x and not isinstance(x[0], list) else x,
-                      dtype=float)
+    flat = isinstance(x, list) and x and not isinstance(x[0], list)
+    return np.asarray([np.nan if v is None else v for v in x] if flat else x, dtype=float)
 
 
 def clean(v: Any) -> Any:
