@@ -61,6 +61,9 @@ def main() -> None:
         click_and_wait(page, "#step")  # draw the state reached server-side
         if args.view:
             ensure_drawn(page, args.view)
+        else:
+            page.evaluate("() => window.scrollTo(0, 0)")  # what a visitor sees first
+            time.sleep(0.5)
         page.evaluate(CLICK_JS)  # one warm-up click
         times, waits, server_step, server_payload = [], [], [], []
         for _ in range(args.clicks):
