@@ -93,6 +93,14 @@ class LabHandlers:
                               min_p=min_p, repetition_penalty=rep, frequency_penalty=freq,
                               presence_penalty=pres, seed=seed, stop=stops)
 
+    def _start_or_update(self, s, prompt, chat, system, sampling_args) -> None:
+        """Nothing running: the prompt box starts a new request. Otherwise the sliders apply from this step."""
+        params = self.params(*sampling_args)
+        if not s.engine.has_unfinished():
+            s.add_request(prompt, params, chat, system)
+        else:
+            s.updated_params(params)
+
     # ---- callbacks --------------------------------------------------------------------------------
     def step(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
              lang, layer, head, word, npos, visible, request: gr.Request = None):
@@ -101,12 +109,8 @@ class LabHandlers:
         view = (lang, layer, head, word, npos, visible)
         try:
             s = self._session(request)
-            params = self.params(*sampling_args)
             with s.lock:
-                if not s.engine.has_unfinished():
-                    s.add_request(prompt, params, chat, system)
-                else:
-                    s.updated_params(params)
+                self._start_or_update(s, prompt, chat, system, sampling_args)
                 s.step()
                 return self._payload(s, view, *self._status(s, lang))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message on the page
@@ -133,12 +137,8 @@ class LabHandlers:
         view = (lang, layer, head, word, npos, visible)
         try:
             s = self._session(request)
-            params = self.params(*sampling_args)
             with s.lock:
-                if not s.engine.has_unfinished():
-                    s.add_request(prompt, params, chat, system)
-                else:
-                    s.updated_params(params)
+                self._start_or_update(s, prompt, chat, system, sampling_args)
             s.running = True
             while s.running and s.engine.has_unfinished():
                 with s.lock:
