@@ -51,6 +51,21 @@ UI = {
     "whatif": {"en": "What-if: the sampling chain recomputed from this step's cached logits; applies from the next step.",
                "ru": "Что-если: цепочка сэмплирования пересчитана по сохранённым логитам; применится со следующего шага."},
     "language": {"en": "Language", "ru": "Язык"},
+    "lecture": {"en": "Lecture mode", "ru": "Режим лекции"},
+    "token": {"en": "Presenter token (printed when the server starts)",
+              "ru": "Токен ведущего (печатается при запуске сервера)"},
+    "present": {"en": "Present", "ru": "Вести лекцию"},
+    "unpresent": {"en": "Stop presenting", "ru": "Завершить показ"},
+    "bad_token": {"en": "Wrong presenter token: look for it in the server's console output.",
+                  "ru": "Неверный токен ведущего: он напечатан в консоли сервера."},
+    "presenting": {"en": "You are presenting: viewers who open /follow see every step of this session.",
+                   "ru": "Вы ведёте лекцию: зрители на странице /follow видят каждый шаг этой сессии."},
+    "not_presenting": {"en": "Lecture mode stopped; viewers keep the last frame.",
+                       "ru": "Показ завершён; у зрителей остаётся последний кадр."},
+    "you_present": {"en": "You are presenting", "ru": "Вы ведёте лекцию"},
+    "other_presents": {"en": "Another tab is presenting", "ru": "Лекцию ведёт другая вкладка"},
+    "nobody_presents": {"en": "Nobody is presenting", "ru": "Сейчас никто не ведёт лекцию"},
+    "viewers": {"en": "viewers", "ru": "зрителей"},
 }
 
 PANELS = [

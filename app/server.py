@@ -6,6 +6,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# module level, not inside create_app: FastAPI resolves the string annotations (PEP 563) from module globals
+from fastapi import WebSocket
+
 STATIC = Path(__file__).resolve().parent.parent / "static"
 log = logging.getLogger("inferlab")
 
@@ -54,14 +57,38 @@ def head_html() -> str:
             '<link rel="stylesheet" href="/static/lab.css">')
 
 
-def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | None = None, base=None):
-    """Build the FastAPI app. With `base` (an Engine) no loading happens: used by tests."""
+def follow_html() -> str:
+    """The viewer page: the lab's panels without any control; static/follow.js fills them from /ws/follow."""
+    from .ui import panels_html
+
+    return ('<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            '<title>InferLab — following the lecture</title>'
+            '<script>window.INFERLAB_ROLE = "viewer";</script>' + head_html() +
+            '</head><body class="il-follow"><header class="il-follow-head"><h1>InferLab</h1>'
+            '<span id="follow-status" class="il-follow-status">connecting…</span>'
+            '<span id="follow-last" class="il-follow-last"></span></header>'
+            f'<main class="il-main">{panels_html()}</main>'
+            '<script src="/static/follow.js"></script></body></html>')
+
+
+def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | None = None, base=None,
+               presenter_token: str | None = None):
+    """Build the FastAPI app. With `base` (an Engine) no loading happens: used by tests.
+
+    `presenter_token`: the lecture-mode secret (default: $INFERLAB_PRESENTER_TOKEN, else a random one,
+    readable as app.state.hub.token and printed by `python -m app`).
+    """
+    import os
+
     import gradio as gr
     import plotly
     from fastapi import FastAPI
-    from fastapi.responses import FileResponse
+    from fastapi.responses import FileResponse, HTMLResponse
     from fastapi.staticfiles import StaticFiles
 
+    from . import render
+    from .live import Hub, Lecture, PresenterSocket
     from .session import SessionRegistry
     from .ui import build_demo
 
@@ -88,8 +115,37 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     def healthz():
         return {"ready": holder.ready, "progress": holder.progress, "error": holder.error}
 
+    hub = Hub(presenter_token or os.environ.get("INFERLAB_PRESENTER_TOKEN") or None)
+
+    def lecture_frame(s, view):
+        lang, layer, head, word, npos = view
+        return render.build_payload(s, lang, layer, head, word, npos, holder.machine, None, "", "info", only=None)
+
+    lecture = Lecture(hub, lecture_frame)
+    presenter = PresenterSocket(hub, lecture, registry)
+
+    @app.websocket("/ws/lab")
+    async def tab_socket(ws: WebSocket, client: str = ""):
+        # this tab's own payloads (see app/live.py); the client id is random per page load
+        await hub.serve(ws, "tab", key=client[:64])
+
+    async def read_only(ch, data):
+        ch.send_message('{"type": "error", "error": "viewers are read-only: only the presenter drives the engine"}')
+
+    @app.websocket("/ws/follow")
+    async def follow_socket(ws: WebSocket):
+        await hub.serve(ws, "viewer", on_message=read_only)
+
+    @app.websocket("/ws/present")
+    async def present_socket(ws: WebSocket):
+        await hub.serve(ws, "unauthenticated", on_message=presenter.handle)
+
+    @app.get("/follow")
+    def follow_page():
+        return HTMLResponse(follow_html())
+
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
-    demo = build_demo(registry, holder)
+    demo = build_demo(registry, holder, hub, lecture)
     app = gr.mount_gradio_app(app, demo, path="/", head=head_html(), theme=gr.themes.Soft(), ssr_mode=False)
-    app.state.registry, app.state.holder = registry, holder
+    app.state.registry, app.state.holder, app.state.hub, app.state.lecture = registry, holder, hub, lecture
     return app, holder

@@ -19,6 +19,7 @@ from engine.scheduler import Status
 
 from . import render
 from .i18n import EXAMPLES, PANELS, UI, t
+from .live import Hub, Lecture
 from .session import SessionRegistry
 
 log = logging.getLogger("inferlab")
@@ -50,26 +51,36 @@ def panels_html() -> str:
 class LabHandlers:
     """Gradio callbacks. Every one returns a payload; errors become a message, never a traceback."""
 
-    def __init__(self, registry: SessionRegistry, holder):
+    def __init__(self, registry: SessionRegistry, holder, hub: Hub | None = None, lecture: Lecture | None = None):
         self.registry = registry
         self.holder = holder  # model loading status: .ready, .progress, .message, .error, .machine
+        self.hub = hub  # websocket channels: this tab's payloads, lecture viewers
+        self.lecture = lecture
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _session(self, request: gr.Request):
         key = getattr(request, "session_hash", None) or "default"
         return self.registry.get(key)
 
-    def _payload(self, s, view, message="", kind="info", what_if=None) -> str:
+    def _payload(self, s, view, message="", kind="info", what_if=None):
         lang, layer, head, word, npos, visible = view
         npos = None if npos in (None, "") or int(npos) < 0 else int(npos)
-        only = _visible_set(visible)
+        only, client = _visible_set(visible), _client_id(visible)
         p = render.build_payload(s, lang, int(layer or 0), int(head or 0), word or "", npos,
                                  self.holder.machine, what_if, message, kind, only=only)
         # the template, BPE trace and panel texts rarely change: send an HTML piece only when it differs from
         # what this tab already shows (a step's latency grows with its payload)
         p["html"] = {k: v for k, v in p["html"].items() if s.sent_html.get(k) != v}
         s.sent_html.update(p["html"])
+        if self.lecture is not None:
+            self.lecture.changed(s, (lang, int(layer or 0), int(head or 0), word or "", npos))
+        return self._deliver(p, client)
+
+    def _deliver(self, p: dict, client: str | None):
+        """Over this tab's websocket when it has one (fast), else as the payload component's new value."""
         p["t"] = time.time()
+        if client and self.hub is not None and self.hub.push_tab(client, p):
+            return gr.skip()
         return render.dumps(p)
 
     def _error(self, exc: Exception, lang: str) -> str:
@@ -154,16 +165,18 @@ class LabHandlers:
         except Exception:  # noqa: BLE001 - pausing a session that is still loading is a no-op
             pass
 
-    def reset(self, lang, request: gr.Request = None):
+    def reset(self, lang, visible="", request: gr.Request = None):
         try:
             key = getattr(request, "session_hash", None) or "default"
             self.registry.drop(key)
             s = self.registry.get(key)
-            return self._payload(s, (lang, 0, 0, "", None, ""), "")
+            if self.lecture is not None and self.lecture.is_presenter(key):
+                self.lecture.session = s  # the viewers follow the fresh session
+            return self._payload(s, (lang, 0, 0, "", None, visible), "")
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
-    def what_if(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang,
+    def what_if(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, visible="",
                 request: gr.Request = None):
         sampling_args = (temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
         try:
@@ -172,9 +185,7 @@ class LabHandlers:
                 return gr.skip()  # nothing sampled yet: the sliders simply apply to the first step
             trace = s.engine.what_if(s.focus, self.params(*sampling_args))
             s.what_if = trace
-            p = render.what_if_payload(s, trace, lang)
-            p["t"] = time.time()
-            return render.dumps(p)
+            return self._deliver(render.what_if_payload(s, trace, lang), _client_id(visible))
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
@@ -234,6 +245,39 @@ class LabHandlers:
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
+    def present(self, token, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        """Claim lecture mode with the presenter token: viewers at /follow then see this tab's session."""
+        try:
+            if self.hub is None or self.lecture is None:
+                raise ValueError("lecture mode is not available in this server")
+            if not self.hub.check_token((token or "").strip()):
+                raise ValueError(t("bad_token", lang))
+            key = getattr(request, "session_hash", None) or "default"
+            s = self._session(request)
+            self.lecture.start(key, s, (lang, int(layer or 0), int(head or 0), word or "", npos))
+            return self._payload(s, (lang, layer, head, word, npos, visible), t("presenting", lang))
+        except Exception as exc:  # noqa: BLE001
+            return self._error(exc, lang)
+
+    def stop_presenting(self, lang, request: gr.Request = None):
+        key = getattr(request, "session_hash", None) or "default"
+        if self.lecture is not None and self.lecture.is_presenter(key):
+            self.lecture.stop()
+        return render.dumps({"figs": {}, "html": {"html-message": render.message_html(t("not_presenting", lang))},
+                             "t": time.time()})
+
+    def lecture_status(self, lang, request: gr.Request = None):
+        """Who presents and how many follow, for the lecture box (polled by the page's timer)."""
+        if self.hub is None:
+            return ""
+        key = getattr(request, "session_hash", None) or "default"
+        me = self.lecture is not None and self.lecture.is_presenter(key)
+        state = t("you_present", lang) if me else (t("other_presents", lang) if self.hub.presenter else
+                                                   t("nobody_presents", lang))
+        return (f'<div class="il-lecture-status">{html.escape(state)} · '
+                f'{html.escape(t("viewers", lang))}: <b id="viewer-count">{self.hub.viewer_count}</b> · '
+                f'<a href="/follow" target="_blank">/follow</a></div>')
+
     def status(self, lang):
         """Model loading progress while it loads; then the model's name (and the sliders' true ranges)."""
         h = self.holder
@@ -278,22 +322,36 @@ class LabHandlers:
                 "force", "rewind", "word", "neighbour"]
         buttons = ["step", "run", "pause", "reset", "add", "force_btn", "rewind_btn"]
         return ([gr.update(label=t(k, lang)) for k in keys] + [gr.update(value=t(b, lang)) for b in buttons]
-                + [gr.update(label=t("branch_btn", lang)), gr.update(samples=[[e] for e in EXAMPLES[lang]])])
+                + [gr.update(label=t("branch_btn", lang)), gr.update(samples=[[e] for e in EXAMPLES[lang]])]
+                + [gr.update(label=t("lecture", lang)), gr.update(label=t("token", lang)),
+                   gr.update(value=t("present", lang)), gr.update(value=t("unpresent", lang))])
+
+
+def _view_state(visible):
+    """lab.js writes {"client": its websocket id, "ids": chart ids in view} (a bare list in older pages)."""
+    if not visible:
+        return None
+    try:
+        return json.loads(visible)
+    except ValueError:
+        return None
 
 
 def _visible_set(visible) -> set[str] | None:
     """The chart ids lab.js reported in view; None (build everything) when it has not reported yet."""
-    if not visible:
-        return None
-    try:
-        ids = json.loads(visible)
-    except ValueError:
-        return None
+    state = _view_state(visible)
+    ids = state.get("ids") if isinstance(state, dict) else state
     return {i for i in ids if i in render.CHART_IDS} if isinstance(ids, list) else None
 
 
-def build_demo(registry: SessionRegistry, holder) -> gr.Blocks:
-    h = LabHandlers(registry, holder)
+def _client_id(visible) -> str | None:
+    state = _view_state(visible)
+    client = state.get("client") if isinstance(state, dict) else None
+    return client if isinstance(client, str) and client else None
+
+
+def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lecture: Lecture | None = None) -> gr.Blocks:
+    h = LabHandlers(registry, holder, hub, lecture)
     with gr.Blocks(title="InferLab") as demo:
         with gr.Row(elem_classes="il-header"):
             gr.HTML(f'<h1 class="il-title">{html.escape(UI["title"]["en"])}</h1>'
@@ -343,6 +401,12 @@ def build_demo(registry: SessionRegistry, holder) -> gr.Blocks:
                     rewind_btn = gr.Button(t("rewind_btn", "en"), elem_id="rewind", size="sm")
                 word = gr.Textbox(value="", label=t("word", "en"), elem_id="bpe_word")
                 npos = gr.Number(value=-1, precision=0, label=t("neighbour", "en"), elem_id="neighbour_pos")
+                with gr.Accordion(t("lecture", "en"), open=False, elem_id="lecture") as lecture_box:
+                    lecture_info = gr.HTML(elem_id="lecture-status")
+                    token = gr.Textbox(value="", type="password", label=t("token", "en"), elem_id="presenter_token")
+                    with gr.Row():
+                        present_btn = gr.Button(t("present", "en"), elem_id="present", size="sm")
+                        unpresent_btn = gr.Button(t("unpresent", "en"), elem_id="unpresent", size="sm")
             with gr.Column(scale=3, elem_classes="il-main"):
                 gr.HTML(panels_html(), elem_id="panels")
         payload = gr.Textbox(visible=False, elem_id="payload")
@@ -362,9 +426,9 @@ def build_demo(registry: SessionRegistry, holder) -> gr.Blocks:
         run_ev.then(h.seq_choices, None, focus, show_progress="hidden")
         pause_btn.click(h.pause, None, None, cancels=[run_ev], queue=False)
         add_btn.click(h.add, full, payload, show_progress="hidden").then(h.seq_choices, None, focus)
-        reset_btn.click(h.reset, [lang], payload, cancels=[run_ev]).then(h.seq_choices, None, focus)
+        reset_btn.click(h.reset, [lang, visible], payload, cancels=[run_ev]).then(h.seq_choices, None, focus)
         for slider in (temperature, top_k, top_p, min_p, rep, freq, pres):
-            slider.change(h.what_if, [*sampling_inputs, lang], payload, trigger_mode="always_last",
+            slider.change(h.what_if, [*sampling_inputs, lang, visible], payload, trigger_mode="always_last",
                           show_progress="hidden")
         for ctl in (layer, head):
             ctl.release(h.view, view_inputs, payload, show_progress="hidden", trigger_mode="always_last")
@@ -375,16 +439,26 @@ def build_demo(registry: SessionRegistry, holder) -> gr.Blocks:
         force_btn.click(h.force, [force_id, *view_inputs], payload, show_progress="hidden")
         rewind_btn.click(h.rewind, [rewind_n, branch, *view_inputs], payload, show_progress="hidden").then(
             h.seq_choices, None, focus)
+        present_btn.click(h.present, [token, *view_inputs], payload, show_progress="hidden").then(
+            h.lecture_status, lang, lecture_info)
+        unpresent_btn.click(h.stop_presenting, lang, payload, show_progress="hidden").then(
+            h.lecture_status, lang, lecture_info)
+        lecture_timer = gr.Timer(3.0)
+        lecture_timer.tick(h.lecture_status, lang, lecture_info, show_progress="hidden")
         examples.click(lambda x: x[0], examples, prompt)
         relabeled = [prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens,
                      stop, focus, layer, head, force_id, rewind_n, word, npos, step_btn, run_btn, pause_btn,
-                     reset_btn, add_btn, force_btn, rewind_btn, branch, examples]
+                     reset_btn, add_btn, force_btn, rewind_btn, branch, examples, lecture_box, token, present_btn,
+                     unpresent_btn]
         lang.change(h.relabel, lang, relabeled).then(h.view, view_inputs, payload)
         timer.tick(h.status, lang, [status, timer, layer, head], show_progress="hidden")
         demo.load(h.status, lang, [status, timer, layer, head])
 
         def free_session(request: gr.Request):
-            registry.drop(getattr(request, "session_hash", None) or "default")
+            key = getattr(request, "session_hash", None) or "default"
+            if h.lecture is not None and h.lecture.is_presenter(key):
+                h.lecture.stop()
+            registry.drop(key)
 
         demo.unload(free_session)
     return demo

@@ -78,7 +78,8 @@
   function syncVisible() {
     clearTimeout(syncTimer);
     syncTimer = setTimeout(() => {
-      setGradioValue("visible", JSON.stringify([...visible].sort()));
+      // the server builds only these charts and sends them over this page's websocket (see connect())
+      setGradioValue("visible", JSON.stringify({ client: clientId, ids: [...visible].sort() }));
       const missing = [...visible].some((id) => state.stale[id]);
       if (missing) setTimeout(() => click("refresh"), 60);
     }, 80);
@@ -137,6 +138,26 @@
     document.body.dataset.ilRenders = String(state.renders);
   }
 
+  // This page's own websocket: the server pushes each step's payload here instead of through a Gradio
+  // component (which cost ~250 ms per large payload). Without it (closed, or an old server) the payloads
+  // still arrive through the hidden Gradio textbox.
+  const clientId = (window.crypto && crypto.randomUUID) ? crypto.randomUUID()
+    : String(Date.now()) + Math.random().toString(16).slice(2);
+  let socket = null;
+  function connect() {
+    if (window.INFERLAB_ROLE === "viewer" || !("WebSocket" in window)) return;
+    const proto = location.protocol === "https:" ? "wss:" : "ws:";
+    const base = location.pathname.replace(/\/[^/]*$/, "");
+    socket = new WebSocket(`${proto}//${location.host}${base}/ws/lab?client=${encodeURIComponent(clientId)}`);
+    socket.onopen = () => { state.socket = "open"; syncVisible(); };
+    socket.onmessage = (m) => {
+      const msg = JSON.parse(m.data);
+      if (msg.type === "payload") render(msg.payload);
+    };
+    socket.onclose = () => { state.socket = "closed"; setTimeout(connect, 1500); };
+  }
+  connect();
+
   function keyboard(e) {
     // Alt+S: step, Alt+R: run, Alt+P: pause (keyboard-friendly lecturing)
     if (!e.altKey) return;
@@ -150,5 +171,5 @@
     if (document.querySelector(".il-chart")) { observeAll(); clearInterval(boot); }
   }, 200);
 
-  window.inferlab = { render, flush, state, visible };
+  window.inferlab = { render, flush, state, visible, clientId };
 })();

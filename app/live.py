@@ -1,0 +1,324 @@
+"""Websocket hub: each tab's own payloads, and lecture mode (one presenter, any number of read-only viewers).
+
+Two kinds of channels live here, both served on the app's one port (a Space exposes only one):
+
+* tab channels (`/ws/lab?client=ID`): the page's charts travel here instead of through a Gradio component,
+  which cost ~250 ms per step for a large payload. Payloads are incremental (only charts in view, only changed
+  HTML), so a backlog is merged, never dropped.
+* viewer channels (`/ws/follow`): the presenter's step events (small, in order) and chart frames (large,
+  latest wins). A slow viewer only ever holds one pending frame, so it cannot slow the presenter or anyone else.
+
+Handlers run in Gradio's worker threads; every hand-over to a websocket goes through the event loop with
+`call_soon_threadsafe`. A sender task writes, a receive loop beside it notices a viewer leaving (a handler that
+only sends would not) and answers anything a viewer sends with "read-only".
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+
+log = logging.getLogger("inferlab")
+
+MAX_PENDING_EVENTS = 256  # a viewer this far behind gets a resync (the latest frame) instead of the backlog
+PRESENTER_KEY = "__lecture__"  # the session a scripted presenter drives when no tab is presenting
+
+
+def merge_payloads(old: dict, new: dict) -> dict:
+    """One payload equivalent to applying `old` then `new` (lab.js marks stale first, then draws figures)."""
+    stale_new = set(new.get("stale", []))
+    figs = {k: v for k, v in old.get("figs", {}).items() if k not in stale_new}
+    figs.update(new.get("figs", {}))
+    html = {**old.get("html", {}), **new.get("html", {})}
+    stale = (set(old.get("stale", [])) - set(new.get("figs", {}))) | stale_new
+    out = {**old, **new, "figs": figs, "html": html}
+    if stale or "stale" in old or "stale" in new:
+        out["stale"] = sorted(stale - set(figs))
+    return out
+
+
+class Channel:
+    """One websocket: ordered small messages, plus at most one pending payload/frame."""
+
+    def __init__(self, ws, role: str, key: str = ""):
+        self.ws, self.role, self.key = ws, role, key
+        self.messages: deque[str] = deque()
+        self.frame = None  # str (viewer frame, latest wins) or dict (tab payload, merged)
+        self.wake = asyncio.Event()
+        self.alive = True
+        self.frames_sent = 0
+        self.frames_skipped = 0
+
+    def send_message(self, text: str) -> None:
+        if len(self.messages) >= MAX_PENDING_EVENTS:
+            # far behind: drop the backlog; the pending frame (the current state) still arrives
+            self.messages.clear()
+            self.messages.append(json.dumps({"type": "resync"}))
+        self.messages.append(text)
+        self.wake.set()
+
+    def offer_frame(self, frame) -> None:
+        if self.frame is not None:
+            if isinstance(frame, dict) and isinstance(self.frame, dict):
+                frame = merge_payloads(self.frame, frame)
+            else:
+                self.frames_skipped += 1
+        self.frame = frame
+        self.wake.set()
+
+    async def sender(self) -> None:
+        try:
+            while self.alive:
+                await self.wake.wait()
+                self.wake.clear()
+                while self.messages and self.alive:
+                    await self.ws.send_text(self.messages.popleft())
+                if self.frame is not None and self.alive:
+                    frame, self.frame = self.frame, None
+                    text = frame if isinstance(frame, str) else json.dumps(
+                        {"type": "payload", "payload": frame}, allow_nan=False, ensure_ascii=False,
+                        separators=(",", ":"))
+                    await self.ws.send_text(text)
+                    self.frames_sent += 1
+        except Exception:  # noqa: BLE001 - the socket closed under us: the receive loop cleans up
+            self.alive = False
+
+
+class Hub:
+    """All open channels, and lecture mode's state (who presents, the latest frame for late joiners)."""
+
+    def __init__(self, token: str | None = None):
+        self.token = token or secrets.token_urlsafe(12)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.tabs: dict[str, Channel] = {}
+        self.viewers: set[Channel] = set()
+        self.presenter: str | None = None  # session key of the presenting session
+        self.latest_frame: str | None = None
+        self.frame_count = 0
+        self.on_join = None  # called (in the event loop) when a viewer arrives: the lecture builds a frame
+        self._lock = threading.Lock()
+
+    # ---- called from any thread -------------------------------------------------------------------
+    def check_token(self, token: str | None) -> bool:
+        return bool(token) and hmac.compare_digest(str(token).encode(), self.token.encode())
+
+    def has_tab(self, client: str | None) -> bool:
+        ch = self.tabs.get(client or "")
+        return ch is not None and ch.alive
+
+    def push_tab(self, client: str, payload: dict) -> bool:
+        """Send a payload to one tab's page; False if that tab has no open channel (use Gradio then)."""
+        ch = self.tabs.get(client)
+        if ch is None or not ch.alive or self.loop is None:
+            return False
+        self.loop.call_soon_threadsafe(ch.offer_frame, payload)
+        return True
+
+    def broadcast(self, events: list[dict], frame: dict | None) -> None:
+        """The presenter's new step events (each delivered) and its chart frame (latest wins)."""
+        texts = [json.dumps({"type": "event", "event": e}, allow_nan=False, ensure_ascii=False) for e in events]
+        frame_text = None
+        if frame is not None:
+            with self._lock:
+                self.frame_count += 1
+                frame_text = json.dumps({"type": "frame", "n": self.frame_count, "t": time.time(),
+                                         "payload": frame}, allow_nan=False, ensure_ascii=False,
+                                        separators=(",", ":"))
+                self.latest_frame = frame_text
+        if self.loop is None:
+            return
+
+        def fan_out():
+            for ch in list(self.viewers):
+                for t in texts:
+                    ch.send_message(t)
+                if frame_text is not None:
+                    ch.offer_frame(frame_text)
+
+        self.loop.call_soon_threadsafe(fan_out)
+
+    @property
+    def viewer_count(self) -> int:
+        return sum(1 for ch in self.viewers if ch.alive)
+
+    # ---- websocket endpoints (event loop) ---------------------------------------------------------
+    async def serve(self, ws, role: str, key: str = "", on_message=None) -> None:
+        """Run one channel until the client leaves. `on_message(channel, data)` handles what a client sends.
+
+        role: "tab" (a lab page's own payloads), "viewer" (lecture follower) or anything else (a control
+        channel such as the presenter socket, which only gets replies)."""
+        await ws.accept()
+        self.loop = asyncio.get_running_loop()
+        ch = Channel(ws, role, key)
+        if role == "tab":
+            old = self.tabs.get(key)
+            if old is not None:
+                old.alive = False
+            self.tabs[key] = ch
+        elif role == "viewer":
+            self.viewers.add(ch)
+            ch.send_message(json.dumps({"type": "hello", "role": role, "presenting": self.presenter is not None,
+                                        "viewers": self.viewer_count}))
+            if self.latest_frame is not None:  # a late joiner sees the current state at once
+                ch.offer_frame(self.latest_frame)
+            elif self.on_join is not None:  # no frame is current (nobody watched the last steps): build one
+                self.on_join()
+        sender = asyncio.create_task(ch.sender())
+        try:
+            while True:
+                data = await ws.receive_text()
+                if on_message is not None:
+                    await on_message(ch, data)
+        except Exception:  # noqa: BLE001 - WebSocketDisconnect or a broken socket: either way the client left
+            pass
+        finally:
+            ch.alive = False
+            ch.wake.set()
+            sender.cancel()
+            if role == "tab":
+                if self.tabs.get(key) is ch:
+                    del self.tabs[key]
+            self.viewers.discard(ch)
+
+
+class Lecture:
+    """Builds the presenter's frames off the request path: a step returns at once; a worker thread builds the
+    full payload (every chart, not just those in the presenter's view) for the viewers, latest state wins."""
+
+    def __init__(self, hub: Hub, build_frame):
+        self.hub = hub
+        self.build_frame = build_frame  # (session, view) -> payload dict
+        self.session = None
+        self.view: tuple = ("en", 0, 0, "", None)
+        self.sent_step = -1  # the last step whose event went out
+        self._dirty = threading.Event()
+        self._thread: threading.Thread | None = None
+        hub.on_join = self.refresh
+
+    def refresh(self) -> None:
+        if self.session is not None:
+            self.changed(self.session)
+
+    def start(self, key: str, session, view) -> None:
+        self.hub.presenter, self.session, self.view = key, session, view
+        self.sent_step = -1
+        self.changed(session, view)
+
+    def stop(self) -> None:
+        self.hub.presenter, self.session = None, None
+
+    def is_presenter(self, key: str) -> bool:
+        return self.hub.presenter is not None and self.hub.presenter == key
+
+    def changed(self, session, view=None) -> None:
+        """The presenter's session changed (a step, a reset, a new request, a new view)."""
+        if session is not self.session:
+            return
+        if view is not None:
+            self.view = view
+        self._dirty.set()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._work, daemon=True, name="lecture-frames")
+            self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            if not self._dirty.wait(timeout=30):
+                return  # idle: the thread ends and the next change starts one
+            self._dirty.clear()
+            s = self.session
+            if s is None:
+                continue
+            try:
+                with s.lock:
+                    events = [e for e in s.events if e.step > self.sent_step]
+                    if s.events and s.events[-1].step < self.sent_step:  # a reset or a new replay
+                        events = list(s.events)
+                    summaries = [event_summary(e) for e in events]
+                    if s.events:
+                        self.sent_step = s.events[-1].step
+                    elif self.sent_step != -1:
+                        self.sent_step = -1
+                        summaries = [{"reset": True}]
+                    frame = self.build_frame(s, self.view) if self.hub.viewers else None
+                if frame is None:
+                    self.hub.latest_frame = None  # out of date now: the next viewer to join asks for a new one
+                self.hub.broadcast(summaries, frame)
+            except Exception:  # noqa: BLE001 - a frame that cannot be built must not stop the lecture
+                log.exception("lecture frame failed")
+
+
+def event_summary(ev) -> dict:
+    """The small, ordered part of a step event that every viewer receives (no captures, no block lists)."""
+    return {"step": ev.step, "admitted": list(ev.admitted), "finished": list(ev.finished),
+            "timing": {k: ev.timing.get(k) for k in ("step_ms", "forward_ms", "sample_ms")},
+            "seqs": [{"seq_id": s.seq_id, "phase": s.phase, "num_processed": s.num_processed,
+                      "new_token": s.new_token, "new_token_text": s.new_token_text, "emitted": s.emitted,
+                      "num_tokens": s.num_tokens, "finished": s.finished} for s in ev.seqs]}
+
+
+class PresenterSocket:
+    """`/ws/present`: a script (or a second screen) drives the lecture session over a websocket.
+
+    The first message must be {"op": "auth", "token": ...}; then {"op": "start", "prompt": ..., "chat": true,
+    "params": {...SamplingParams fields}}, {"op": "step", "count": n}, {"op": "reset"}. Each reply is
+    {"type": "ok", ...} or {"type": "error", "error": ...}; steps reach the viewers like a presenting tab's.
+    """
+
+    def __init__(self, hub: Hub, lecture: Lecture, registry):
+        self.hub, self.lecture, self.registry = hub, lecture, registry
+
+    async def handle(self, ch: Channel, data: str) -> None:
+        try:
+            msg = json.loads(data)
+            if not isinstance(msg, dict):
+                raise ValueError("send a JSON object such as {\"op\": \"step\"}")
+            op = msg.get("op")
+            if op == "auth":
+                if not self.hub.check_token(msg.get("token")):
+                    raise ValueError("wrong presenter token")
+                ch.role = "presenter"
+                reply = {"type": "ok", "op": "auth"}
+            elif ch.role != "presenter":
+                raise ValueError("authenticate first: {\"op\": \"auth\", \"token\": ...}")
+            else:
+                reply = await asyncio.to_thread(self._run, op, msg)
+        except Exception as exc:  # noqa: BLE001 - every failure is a reply, never a dropped socket
+            reply = {"type": "error", "error": str(exc) if isinstance(exc, ValueError) else
+                     f"{type(exc).__name__}: {exc}"}
+        ch.send_message(json.dumps(reply, ensure_ascii=False))
+
+    def _session(self):
+        key = self.hub.presenter or PRESENTER_KEY
+        s = self.registry.get(key)
+        if not self.lecture.is_presenter(key) or self.lecture.session is not s:
+            self.lecture.start(key, s, self.lecture.view)
+        return s
+
+    def _run(self, op: str, msg: dict) -> dict:
+        from engine import SamplingParams
+
+        s = self._session()
+        with s.lock:
+            if op == "start":
+                params = SamplingParams(**(msg.get("params") or {}))
+                rid = s.add_request(msg.get("prompt", ""), params, bool(msg.get("chat", True)), msg.get("system"))
+                out = {"type": "ok", "op": op, "seq_id": rid}
+            elif op == "step":
+                count = int(msg.get("count", 1))
+                if not 1 <= count <= 1000:
+                    raise ValueError("count must be between 1 and 1000")
+                steps = [ev.step for ev in (s.step() for _ in range(count)) if ev is not None]
+                out = {"type": "ok", "op": op, "steps": steps}
+            elif op == "reset":
+                s.reset()
+                out = {"type": "ok", "op": op}
+            else:
+                raise ValueError(f"unknown op {op!r}: use auth, start, step or reset")
+        self.lecture.changed(s)
+        return out

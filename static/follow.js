@@ -1,0 +1,45 @@
+// Follower view of lecture mode: read-only. Step events arrive in order (a line of text per step); chart frames
+// arrive as the latest state (a slow screen skips frames rather than slowing the lecture) and are drawn by
+// lab.js's render(), the same code the presenter's page uses.
+(function () {
+  const status = document.getElementById("follow-status");
+  const last = document.getElementById("follow-last");
+  const st = { frames: 0, events: 0, lastStep: -1 };
+  window.inferlabFollow = st;
+
+  function say(text, cls) {
+    status.textContent = text;
+    status.className = "il-follow-status " + (cls || "");
+  }
+
+  function connect() {
+    const proto = location.protocol === "https:" ? "wss:" : "ws:";
+    const base = location.pathname.replace(/\/follow\/?$/, "");
+    const ws = new WebSocket(`${proto}//${location.host}${base}/ws/follow`);
+    ws.onopen = () => say("connected · waiting for the presenter", "ok");
+    ws.onmessage = (m) => {
+      const msg = JSON.parse(m.data);
+      if (msg.type === "hello") {
+        say(msg.presenting ? "live · following the presenter" : "connected · nobody is presenting yet", "ok");
+      } else if (msg.type === "event") {
+        const ev = msg.event;
+        if (ev.reset) { last.textContent = ""; return; }
+        st.events += 1;
+        st.lastStep = ev.step;
+        const toks = (ev.seqs || []).filter((s) => s.new_token !== null)
+          .map((s) => `#${s.seq_id} ${JSON.stringify(s.new_token_text)}`);
+        last.textContent = `step ${ev.step}` + (toks.length ? " · " + toks.join(" ") : "");
+        say("live · following the presenter", "ok");
+      } else if (msg.type === "frame") {
+        st.frames += 1;
+        st.frame = msg.n;
+        window.inferlab.render(msg.payload);
+        document.body.dataset.followFrames = String(st.frames);
+      } else if (msg.type === "resync") {
+        say("catching up…", "warn");
+      }
+    };
+    ws.onclose = () => { say("disconnected · reconnecting…", "warn"); setTimeout(connect, 2000); };
+  }
+  connect();
+})();

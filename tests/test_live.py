@@ -1,0 +1,199 @@
+"""Lecture mode and the tab websocket, over real sockets: uvicorn serving the app, `websockets` clients."""
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+from websockets.asyncio.client import connect
+
+from app.live import merge_payloads
+from app.ui import LabHandlers
+from e2e_util import running_server
+
+TOKEN = "test-presenter-token"
+
+
+@pytest.fixture(scope="module")
+def server(base_engine):
+    with running_server(base_engine, presenter_token=TOKEN) as (url, app):
+        yield url.replace("http://", "ws://"), app
+
+
+async def recv_json(ws, timeout=60):
+    return json.loads(await asyncio.wait_for(ws.recv(), timeout))
+
+
+async def recv_until(ws, pred, timeout=60):
+    """Messages up to and including the first that satisfies pred."""
+    out = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        msg = await recv_json(ws, max(0.1, deadline - loop.time()))
+        out.append(msg)
+        if pred(msg):
+            return out
+
+
+async def present(ws_url, ops):
+    """Run presenter ops in order; return the replies."""
+    replies = []
+    async with connect(ws_url + "/ws/present", proxy=None, max_size=None) as ws:
+        for op in ops:
+            await ws.send(json.dumps(op))
+            replies.append(await recv_json(ws, 120))
+    return replies
+
+
+def start_op(prompt="Что такое гравитация?"):
+    return {"op": "start", "prompt": prompt, "chat": True, "params": {"temperature": 0.0, "max_tokens": 40}}
+
+
+def test_token_is_required_and_viewers_cannot_drive(server):
+    ws_url, app = server
+
+    async def go():
+        bad = await present(ws_url, [{"op": "auth", "token": "guess"}, {"op": "step"}])
+        assert bad[0]["type"] == "error" and "token" in bad[0]["error"]
+        assert bad[1]["type"] == "error" and "authenticate" in bad[1]["error"]
+        async with connect(ws_url + "/ws/follow", proxy=None, max_size=None) as viewer:
+            hello = await recv_json(viewer)
+            assert hello["type"] == "hello" and TOKEN not in json.dumps(hello)
+            before = app.state.registry.base.step_index, {k: len(s.events) for k, s in
+                                                          app.state.registry.sessions.items()}
+            for attempt in ({"op": "step"}, {"op": "auth", "token": TOKEN}, {"op": "start", "prompt": "x"}):
+                await viewer.send(json.dumps(attempt))
+                reply = await recv_until(viewer, lambda m: m["type"] == "error")
+                assert "read-only" in reply[-1]["error"]
+            after = app.state.registry.base.step_index, {k: len(s.events) for k, s in
+                                                         app.state.registry.sessions.items()}
+            assert after == before
+
+    asyncio.run(go())
+
+
+def test_viewer_receives_every_step_event_and_frames_match_the_session(server):
+    ws_url, app = server
+    n = 6
+
+    async def go():
+        async with connect(ws_url + "/ws/follow", proxy=None, max_size=None) as viewer:
+            await recv_json(viewer)  # hello (and maybe the previous lecture's frame)
+            replies = await present(ws_url, [{"op": "auth", "token": TOKEN}, {"op": "reset"}, start_op(),
+                                             *[{"op": "step"}] * n])
+            assert all(r["type"] == "ok" for r in replies), replies
+            stepped = [r["steps"][0] for r in replies[3:]]
+            msgs = await recv_until(viewer, lambda m: m["type"] == "event" and m["event"].get("step") == stepped[-1])
+            got = [m["event"]["step"] for m in msgs if m["type"] == "event" and "step" in m["event"]]
+            assert got[-n:] == stepped  # every step event, in order, none skipped
+            # the frame after the last step carries the session's own numbers
+            frame = None
+            while frame is None or "chart-timeline" not in frame["payload"]["figs"]:
+                frame = (await recv_until(viewer, lambda m: m["type"] == "frame"))[-1]
+            await asyncio.sleep(0.3)
+            s = app.state.lecture.session
+            return frame, s
+
+    frame, s = asyncio.run(go())
+    bars = [y for tr in frame["payload"]["figs"]["chart-timeline"]["data"] if tr.get("name") == "steps"
+            for y in tr["y"]]
+    assert len(bars) == len(s.events)
+    assert sorted(round(b, 3) for b in bars) == sorted(round(e.timing["step_ms"], 3) for e in s.events)
+    assert "html-stream" in frame["payload"]["html"]
+
+
+def test_fifty_viewers_all_receive_the_events_and_leavers_are_freed(server):
+    ws_url, app = server
+    hub = app.state.hub
+
+    async def go():
+        viewers = [await connect(ws_url + "/ws/follow", proxy=None, max_size=None) for _ in range(50)]
+        try:
+            for v in viewers:
+                assert (await recv_json(v))["type"] == "hello"
+            assert hub.viewer_count >= 50
+            replies = await present(ws_url, [{"op": "auth", "token": TOKEN}, {"op": "reset"}, start_op(),
+                                             {"op": "step"}, {"op": "step"}, {"op": "step"}])
+            last = replies[-1]["steps"][0]
+            wanted = [r["steps"][0] for r in replies[3:]]
+            results = await asyncio.gather(*[recv_until(
+                v, lambda m: m["type"] == "event" and m["event"].get("step") == last) for v in viewers])
+            for msgs in results:
+                got = [m["event"]["step"] for m in msgs if m["type"] == "event" and "step" in m["event"]]
+                assert got[-3:] == wanted
+            # every viewer also gets a chart frame of the final state (latest wins: maybe not every frame)
+            frames = await asyncio.gather(*[recv_until(v, lambda m: m["type"] == "frame") for v in viewers])
+            assert all(f[-1]["payload"]["figs"] for f in frames)
+        finally:
+            for v in viewers[:25]:
+                await v.close()
+        for _ in range(100):  # the server notices the closed sockets and frees them
+            if hub.viewer_count <= 25:
+                break
+            await asyncio.sleep(0.05)
+        assert hub.viewer_count == 25
+        for v in viewers[25:]:
+            await v.close()
+        for _ in range(100):
+            if hub.viewer_count == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert hub.viewer_count == 0
+
+    asyncio.run(go())
+
+
+def test_late_joiner_sees_the_current_state_at_once(server):
+    ws_url, app = server
+
+    async def go():
+        await present(ws_url, [{"op": "auth", "token": TOKEN}, {"op": "reset"}, start_op("What is gravity?"),
+                               {"op": "step"}, {"op": "step"}])
+        async with connect(ws_url + "/ws/follow", proxy=None, max_size=None) as early:  # makes frames happen
+            await recv_until(early, lambda m: m["type"] == "frame")
+        await asyncio.sleep(0.5)
+        async with connect(ws_url + "/ws/follow", proxy=None, max_size=None) as late:
+            msgs = await recv_until(late, lambda m: m["type"] == "frame", timeout=5)
+        assert msgs[0]["type"] == "hello" and msgs[0]["presenting"]
+        stream = msgs[-1]["payload"]["html"]["html-stream"]
+        s = app.state.lecture.session
+        text = s.events[-1].seq(s.focus).new_token_text.strip()
+        assert text and text in stream
+
+    asyncio.run(go())
+
+
+def test_tab_payloads_travel_over_the_tab_socket(server):
+    ws_url, app = server
+    h = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
+    visible = json.dumps({"client": "tab-test-client", "ids": ["chart-logits", "chart-bytes"]})
+
+    async def go():
+        async with connect(ws_url + "/ws/lab?client=tab-test-client", proxy=None, max_size=None) as ws:
+            for _ in range(50):
+                if app.state.hub.has_tab("tab-test-client"):
+                    break
+                await asyncio.sleep(0.02)
+            out = await asyncio.to_thread(
+                h.step, "Что такое гравитация?", True, "", 0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 16, "", "en", 0, 0,
+                "", None, visible, SimpleNamespace(session_hash="tab-socket-test"))
+            msg = await recv_json(ws)
+            return out, msg
+
+    out, msg = asyncio.run(go())
+    assert not isinstance(out, str)  # nothing went through the Gradio component
+    payload = msg["payload"]
+    assert set(payload["figs"]) == {"chart-logits", "chart-bytes"}
+    s = app.state.registry.sessions["tab-socket-test"]
+    ev = s.events[-1].seq(s.focus)
+    bars = [x for tr in payload["figs"]["chart-logits"]["data"] for x in (tr.get("customdata") or [])]
+    assert ev.new_token in [b[0] if isinstance(b, list) else b for b in bars]
+    assert "chart-attention" in payload["stale"]
+
+
+def test_merged_payloads_equal_applying_both():
+    a = {"figs": {"x": 1, "y": 1}, "html": {"h": "a", "k": "a"}, "stale": ["z"], "t": 1}
+    b = {"figs": {"z": 2}, "html": {"h": "b"}, "stale": ["y"], "t": 2}
+    m = merge_payloads(a, b)
+    assert m["figs"] == {"x": 1, "z": 2} and m["html"] == {"h": "b", "k": "a"}
+    assert m["stale"] == ["y"] and m["t"] == 2
