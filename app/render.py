@@ -1,14 +1,14 @@
 """Turn a LabSession's events into the page payload: {"figs": {container id: figure}, "html": {id: html}}.
 
 The browser applies it with Plotly.react on persistent divs (static/lab.js), which keeps each chart's zoom.
-Everything here is a call to a pure chart/panel function; no engine state is changed.
+Everything here is a call to a pure chart/panel function; no engine state is changed. The session is read
+only through the LabView protocol (app/session.py), so a replayed trace (app/trace.py) renders the same
+payload with no model loaded.
 """
 from __future__ import annotations
 
 import html
 import json
-
-from engine.tokenizer import bpe_merges
 
 from .charts import attention, detok, embeddings, kv_cache, logits, sampling, timeline, tokens
 from .charts.common import empty
@@ -16,7 +16,7 @@ from .i18n import PANELS, t
 from .panels import kv as kv_panel
 from .panels import pipeline, stream
 from .panels import tokens as token_panels
-from .session import LabSession
+from .session import LabView
 
 CHART_IDS = ["chart-bytes", "chart-pca", "chart-neighbours", "chart-attention", "chart-heads", "chart-entropy",
              "chart-lens", "chart-logits", "chart-perplexity", "chart-sampling", "chart-cdf", "chart-detok",
@@ -53,7 +53,7 @@ def panel_headers(lang: str) -> dict[str, str]:
     return out
 
 
-def build_payload(s: LabSession, lang: str = "en", layer: int = 0, head: int = 0, word: str = "",
+def build_payload(s: LabView, lang: str = "en", layer: int = 0, head: int = 0, word: str = "",
                   neighbour_pos: int | None = None, machine: dict | None = None, what_if: dict | None = None,
                   message: str = "", message_kind: str = "info", only: set[str] | None = None) -> dict:
     """The panels' figures and HTML for the session's current state.
@@ -79,11 +79,10 @@ class _Lazy(dict):
             self[cid] = make()
 
 
-def _build(s, lang, layer, head, word, neighbour_pos, machine, what_if, message, message_kind, only) -> dict:
-    eng = s.engine
-    spec = eng.spec
-    layer = max(0, min(int(layer), spec.num_layers - 1))
-    head = max(0, min(int(head), spec.num_heads - 1))
+def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if, message, message_kind,
+           only) -> dict:
+    layer = max(0, min(int(layer), s.num_layers - 1))
+    head = max(0, min(int(head), s.num_heads - 1))
     events = s.events
     last = events[-1] if events else None
     figs = _Lazy(only)
@@ -96,7 +95,7 @@ def _build(s, lang, layer, head, word, neighbour_pos, machine, what_if, message,
     if what_if is not None and not message:
         htmls["html-message"] = message_html(t("whatif", lang), "whatif")
 
-    sid = s.focus if s.focus in eng.sequences else None
+    sid = s.focus if s.focus is not None and s.has_seq(s.focus) else None
     if sid is None:
         hint = t("idle", lang)
         for cid in CHART_IDS:
@@ -109,10 +108,10 @@ def _build(s, lang, layer, head, word, neighbour_pos, machine, what_if, message,
         return {"figs": dict(figs), "html": htmls}
 
     req = s.requests[sid]
-    seq = eng.sequences[sid]
+    token_ids = s.seq_token_ids(sid)
     texts = s.token_texts(sid)
     infos = s.token_infos(sid)
-    n_prompt = len(seq.prompt_ids)
+    n_prompt = s.prompt_len(sid)
 
     # 1 · template & tokens
     htmls["html-template"] = token_panels.template_html(req.text, req.spans, lang)
@@ -124,16 +123,15 @@ def _build(s, lang, layer, head, word, neighbour_pos, machine, what_if, message,
                    "ru": f"Как байтовый BPE собирает «{word}», слияние за слиянием"}[lang if lang == "ru" else "en"]
         # folded by default: the trace is long and would push every other panel down
         htmls["html-bpe"] = (f'<details class="il-bpe-box"><summary>{html.escape(summary)}</summary>'
-                             f'{token_panels.bpe_merges_html(bpe_merges(eng.tokenizer, word), lang)}</details>')
-    except ValueError as exc:
+                             f'{token_panels.bpe_merges_html(s.bpe(word), lang)}</details>')
+    except (ValueError, NotImplementedError) as exc:  # a multi-pre-token word, a non-BPE tokenizer, a replay
         htmls["html-bpe"] = message_html(str(exc), "warn")
 
     # 2 · embeddings
     figs.put("chart-pca", lambda: embeddings.embedding_pca(events, sid, texts, lang))
     pos = len(texts) - 1 if neighbour_pos is None else max(0, min(int(neighbour_pos), len(texts) - 1))
-    tok_id = seq.token_ids[pos]
-    figs.put("chart-neighbours",
-             lambda: embeddings.neighbours_chart(eng.nearest_tokens(int(tok_id), 10), texts[pos], lang))
+    tok_id = token_ids[pos]
+    figs.put("chart-neighbours", lambda: embeddings.neighbours_chart(s.nearest(int(tok_id), 10), texts[pos], lang))
 
     # 3 · layers & attention
     figs.put("chart-attention", lambda: attention.attention_heatmap(events, sid, layer, head, texts, lang))
@@ -179,16 +177,21 @@ def _build(s, lang, layer, head, word, neighbour_pos, machine, what_if, message,
     return {"figs": dict(figs), "html": htmls}
 
 
-def what_if_payload(s: LabSession, trace: dict, lang: str) -> dict:
+def what_if_payload(s: LabView, trace: dict, lang: str) -> dict:
     """Only the sampling charts, recomputed for new slider values."""
     return {"figs": {"chart-sampling": sampling.sampling_chain_chart(trace, what_if=True, lang=lang),
                      "chart-cdf": sampling.sampling_cdf_chart(trace, lang)},
             "html": {"html-message": message_html(t("whatif", lang), "whatif")}}
 
 
-def _default_word(prompt: str) -> str:
+def prompt_words(prompt: str) -> list[str]:
+    """The prompt's words without surrounding punctuation: what the BPE panel offers (and a trace records)."""
     words = [w.strip(".,!?;:«»\"'()") for w in prompt.split()]
-    words = [w for w in words if w]
+    return [w for w in words if w]
+
+
+def _default_word(prompt: str) -> str:
+    words = prompt_words(prompt)
     return max(words, key=len) if words else "gravity"
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine import Capture, Engine, SamplingParams, StepEvent
 from engine.scheduler import Status
-from engine.tokenizer import render_prompt, token_info
+from engine.tokenizer import bpe_merges, render_prompt, token_info
 
 MAX_EVENTS = 400  # enough for a lecture; older events are dropped (their charts scroll away anyway)
 MAX_PROMPT_CHARS = 20000
@@ -29,6 +30,35 @@ class RequestInfo:
     token_ids: list[int]
 
 
+class LabView(Protocol):
+    """What app/render.py reads to draw the page: a live LabSession and a replayed trace both provide it.
+
+    Everything is read-only and model-free from the renderer's side (a replay has no engine or tokenizer).
+    """
+
+    events: list[StepEvent]  # the steps shown so far, oldest first
+    requests: dict[int, RequestInfo]  # the sequences that exist now
+    focus: int | None  # the sequence the per-sequence panels show
+    what_if: dict | None  # a hypothetical sampling chain to show instead of the focused one's last
+
+    @property
+    def model_id(self) -> str: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...
+    def seq_ids(self) -> list[int]: ...
+    def has_seq(self, seq_id: int) -> bool: ...
+    def seq_token_ids(self, seq_id: int) -> list[int]: ...
+    def prompt_len(self, seq_id: int) -> int: ...
+    def seq_status(self, seq_id: int) -> str: ...
+    def token_texts(self, seq_id: int) -> list[str]: ...
+    def token_infos(self, seq_id: int) -> list[dict]: ...
+    def bpe(self, word: str) -> list[dict]: ...
+    def nearest(self, token_id: int, k: int = 10) -> list[tuple[int, str, float]]: ...
+    def last_seq_event(self, seq_id: int, with_sampling: bool = True): ...
+
+
 @dataclass
 class LabSession:
     engine: Engine
@@ -40,6 +70,9 @@ class LabSession:
     running: bool = False  # a Run loop is active (Pause clears it)
     what_if: dict | None = None  # the focused sequence's chain recomputed for new slider values, until a step
     sent_html: dict = field(default_factory=dict)  # the HTML pieces the page already shows (sent only on change)
+    # step number -> the small view state right after that step (focus, each sequence's token ids): what a
+    # replayed trace needs to draw the same panels without a tokenizer or KV state (app/trace.py)
+    views: dict[int, dict] = field(default_factory=dict)
 
     @classmethod
     def create(cls, base: Engine, kv_memory: int | None = None) -> "LabSession":
@@ -75,6 +108,10 @@ class LabSession:
             self.what_if = None  # the new step used the sliders' values: nothing is hypothetical any more
             self.events.append(event)
             del self.events[:-MAX_EVENTS]
+            self.views[event.step] = self.view_state()
+            if len(self.views) > len(self.events):
+                keep = {e.step for e in self.events}
+                self.views = {k: v for k, v in self.views.items() if k in keep}
             return event
 
     def reset(self) -> None:
@@ -83,6 +120,7 @@ class LabSession:
                 if seq.status is not Status.FINISHED:
                     self.engine.abort(sid)
             self.events.clear()
+            self.views.clear()
             self.requests.clear()
             self.focus = None
             self.running = False
@@ -91,9 +129,35 @@ class LabSession:
     def close(self) -> None:
         self.reset()
 
-    # ---- views ------------------------------------------------------------------------------------
+    # ---- views (the LabView protocol) ---------------------------------------------------------------
+    @property
+    def model_id(self) -> str:
+        return self.engine.model_id
+
+    @property
+    def num_layers(self) -> int:
+        return self.engine.spec.num_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.engine.spec.num_heads
+
     def seq_ids(self) -> list[int]:
         return sorted(self.requests)
+
+    def has_seq(self, seq_id: int) -> bool:
+        return seq_id in self.engine.sequences
+
+    def seq_token_ids(self, seq_id: int) -> list[int]:
+        return list(self.engine.sequences[seq_id].token_ids)
+
+    def prompt_len(self, seq_id: int) -> int:
+        return len(self.engine.sequences[seq_id].prompt_ids)
+
+    def seq_status(self, seq_id: int) -> str:
+        """The finish reason of a finished sequence, else its scheduler status ("waiting", "running", ...)."""
+        seq = self.engine.sequences[seq_id]
+        return seq.finish_reason or seq.status.value
 
     def token_texts(self, seq_id: int) -> list[str]:
         seq = self.engine.sequences[seq_id]
@@ -101,6 +165,23 @@ class LabSession:
 
     def token_infos(self, seq_id: int) -> list[dict]:
         return token_info(self.engine.tokenizer, self.engine.sequences[seq_id].token_ids)
+
+    def bpe(self, word: str) -> list[dict]:
+        return bpe_merges(self.engine.tokenizer, word)
+
+    def nearest(self, token_id: int, k: int = 10) -> list[tuple[int, str, float]]:
+        return self.engine.nearest_tokens(int(token_id), k)
+
+    def view_state(self) -> dict:
+        """The small state replay needs to redraw the panels as they are now (see `views`)."""
+        with self.lock:
+            seqs = {}
+            for sid in self.requests:
+                seq = self.engine.sequences.get(sid)
+                if seq is not None:
+                    seqs[sid] = {"token_ids": list(seq.token_ids), "prompt_len": len(seq.prompt_ids),
+                                 "status": seq.finish_reason or seq.status.value}
+            return {"focus": self.focus, "seqs": seqs}
 
     def last_seq_event(self, seq_id: int, with_sampling: bool = True):
         for ev in reversed(self.events):

@@ -2,7 +2,8 @@
 
     python bench/ui_latency.py [--clicks 15] [--tokens 100]
 
-Serves the lab in-process (real engine, real websocket/HTTP path through Gradio), opens it in Debian's
+Serves the lab in-process (real engine; the click goes through Gradio, the payload comes back over the page's
+own websocket, app/live.py), opens it in Debian's
 Chromium with Playwright, brings the focused sequence to --tokens tokens, then clicks Step repeatedly. Each
 measurement runs inside the page: performance.now() at the click, and again when lab.js has finished
 Plotly.react on the payload that click produced. Also prints the server-side split (engine step, payload
@@ -76,7 +77,10 @@ def main() -> None:
         import json as _json
 
         in_view = page.evaluate("() => document.querySelector('#visible textarea, #visible input').value")
-        only = set(_json.loads(in_view)) if in_view else None
+        state = _json.loads(in_view) if in_view else None
+        ids = state.get("ids") if isinstance(state, dict) else state  # {"client": ..., "ids": [...]}
+        only = set(ids) if ids else None
+        in_view = ids
         for _ in range(5):
             t = time.perf_counter()
             R.dumps(R.build_payload(session, "en", 0, 0, "", None, {"bandwidth": 2e10, "peak_flops": 1e11},

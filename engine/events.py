@@ -7,9 +7,10 @@ its sampling trace, the bytes the detokenizer released, the block tables after t
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, is_dataclass
-from typing import Any
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from typing import Any, Callable
 
+import numpy as np
 import torch
 
 EVENT_VERSION = 1
@@ -35,6 +36,59 @@ def jsonable(value: Any, digits: int = 6) -> Any:
     return value
 
 
+def _build(cls: type, data: Any, convert: dict[str, Callable[[Any], Any]]) -> Any:
+    """An instance of dataclass `cls` from its to_dict() form, generic over the dataclass's fields.
+
+    Keys the class does not declare are ignored and optional fields that are absent keep their defaults, so
+    a record written by a newer or older engine still loads; `convert` turns JSON values back into the types
+    the charts read (int dict keys, tensors) for the fields that need it.
+    """
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
+    declared = [f for f in fields(cls) if f.init]
+    kwargs = {f.name: data[f.name] for f in declared if f.name in data}
+    missing = [f.name for f in declared
+               if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ValueError(f"{cls.__name__} is missing {', '.join(missing)}")
+    for name, fn in convert.items():
+        if kwargs.get(name) is not None:
+            try:
+                kwargs[name] = fn(kwargs[name])
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise ValueError(f"{cls.__name__}.{name} is malformed ({exc})") from None
+    return cls(**kwargs)
+
+
+def _int_keys(d: dict) -> dict:
+    # to_dict() writes int keys (layers, sequence ids) as JSON strings
+    return {int(k): v for k, v in d.items()}
+
+
+def _floats(x: Any) -> torch.Tensor:
+    # float32 tensors like the live capture: charts compute in the same precision, and to_dict() still works
+    if isinstance(x, torch.Tensor):
+        return x.float()
+    try:
+        return torch.from_numpy(np.array(x, dtype=np.float32))
+    except TypeError:  # to_dict() wrote a non-finite value as None: the slow path puts NaN back
+        return torch.from_numpy(np.array(_none_to_nan(x), dtype=np.float32))
+
+
+def _none_to_nan(x: Any) -> Any:
+    if isinstance(x, list):
+        return [_none_to_nan(v) for v in x]
+    return np.nan if x is None else x
+
+
+def _ints(x: Any) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.long()
+    return torch.from_numpy(np.array(x, dtype=np.int64))
+
+
 @dataclass
 class CaptureData:
     """Instrumentation of one sequence in one step (present only when the engine was asked for it)."""
@@ -51,6 +105,14 @@ class CaptureData:
 
     def to_dict(self) -> dict:
         return jsonable({k: v for k, v in self.__dict__.items()}, digits=5)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CaptureData":
+        """The inverse of to_dict(): nested lists come back as float32/int64 tensors, as the engine made them."""
+        return _build(cls, d, {
+            "attention": lambda a: {k: _floats(v) for k, v in _int_keys(a).items()},
+            "lens_ids": _ints, "lens_probs": _floats, "residual_norms": _floats, "embeddings": _floats,
+        })
 
 
 @dataclass
@@ -78,9 +140,14 @@ class SeqEvent:
     ttft_s: float | None = None  # engine time from arrival to first token (set on that step)
     itl_s: float | None = None  # engine time since this sequence's previous token
     capture: CaptureData | None = None
+    spec: dict | None = None  # a speculative round: drafts with q, p, ratio, u, verdict; final token; rollback; stats
 
     def to_dict(self) -> dict:
         return jsonable(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SeqEvent":
+        return _build(cls, d, {"capture": CaptureData.from_dict})
 
 
 @dataclass
@@ -109,3 +176,18 @@ class StepEvent:
 
     def to_dict(self) -> dict:
         return jsonable(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepEvent":
+        """The inverse of to_dict(); raises ValueError for a malformed record or a newer event version."""
+        if isinstance(d, dict) and isinstance(d.get("version"), int) and d["version"] > EVENT_VERSION:
+            raise ValueError(f"event version {d['version']} is newer than this app reads ({EVENT_VERSION})")
+        return _build(cls, d, {
+            "seqs": lambda seqs: [SeqEvent.from_dict(x) for x in seqs],
+            "block_tables": lambda t: {k: list(v) for k, v in _int_keys(t).items()},
+        })
+
+
+def event_from_dict(d: dict) -> StepEvent:
+    """A StepEvent from its to_dict() form (replayed traces, websocket followers)."""
+    return StepEvent.from_dict(d)

@@ -1,0 +1,464 @@
+"""Whiteboard calculators: KV cache size, what fits on a GPU, the decode-step bound, the roofline, speculation.
+
+Pure functions: each takes rows of numbers already computed by app.calculators (with engine.metrics) and
+returns a Plotly figure dict, so a test can compare a chart's data with the formulas directly. Byte axes use
+binary units (KiB, MiB, GiB) because memory capacities are binary; bandwidths and FLOP/s are decimal.
+"""
+from __future__ import annotations
+
+import math
+
+from .common import FREE, GREY, empty, figure, layout
+
+UIREV_KV = "chart-calc-kv"
+UIREV_FIT = "chart-calc-fit"
+UIREV_STEP = "chart-calc-step"
+UIREV_ROOF = "chart-calc-roofline"
+UIREV_SPEC = "chart-calc-spec"
+
+DTYPE_COLORS = {"fp32": "#4C78A8", "bf16": "#F58518", "fp8": "#54A24B", "int4": "#B279A2"}
+MEM_COLORS = {"weights": "#4C78A8", "reserve": GREY, "kv": "#F58518", "unused": FREE}
+KIND_COLORS = {"prefill": "#6A51A3", "decode": "#2CA02C"}  # the same as the live roofline's
+ROOF_COLOR = "#444444"
+K_COLORS = ["#9ECAE1", "#6BAED6", "#3182BD", "#08519C", "#08306B", "#F58518"]
+
+TEXT = {
+    "en": {
+        "kv_title": "KV cache per token (left axis) and per sequence of {ctx} tokens (right axis)",
+        "per_token": "per token", "per_seq": "per sequence ({ctx} tokens)",
+        "kv_hover": "<b>{model}</b> · {dtype}<br>{tok} per token<br>{seq} per sequence of {ctx} tokens<br>"
+                    "{batch} for a batch of {b}",
+        "fit_title": "{model} in {dtype}, {ctx}-token context: how many sequences fit beside the weights",
+        "gib": "memory (GiB)",
+        "weights": "weights", "reserve": "reserve ({pct}% for activations, runtime, fragmentation)",
+        "kv": "KV cache of the sequences that fit", "unused": "left over (less than one sequence)",
+        "capacity": "capacity",
+        "fit_n": "{n} seq.", "no_fit": "weights do not fit", "no_kv": "no room for KV",
+        "fit_hover": "<b>{gpu}</b><br>capacity {mem}<br>weights {w}<br>reserve {r}<br>left for KV {free}<br>"
+                     "KV per sequence {kv}<br><b>{n} sequences</b>",
+        "step_title": "Decode step lower bound: (weights + KV read) / bandwidth, batch {b}, {ctx}-token context",
+        "ms": "ms per decode step (log)",
+        "step_hover": "<b>{gpu}</b> · {dtype}<br>weights {w} + KV read {kv} = {tot}<br>÷ {bw}/s = <b>{t}</b><br>"
+                      "≤ {tps} tokens/s per sequence",
+        "no_room": "does not fit in memory",
+        "roof_title": "Roofline of {gpu} ({dtype}): where decode and prefill sit",
+        "x": "arithmetic intensity (FLOP / byte moved)", "y": "attainable FLOP/s",
+        "roof": "roof = min(peak, bandwidth × intensity)",
+        "ridge": "ridge {r} FLOP/B",
+        "decode_b": "decode, batch {b}", "prefill_n": "prefill, {n}",
+        "decode_dtypes": "decode, batch 1, other dtypes",
+        "pt_hover": "<b>{name}</b><br>{flops} FLOP over {bytes}<br>intensity {i} FLOP/B<br>"
+                    "attainable {att}FLOP/s ({bound})",
+        "mem_bound": "memory-bound", "compute_bound": "compute-bound",
+        "spec_title": "Speculative decoding, draft cost c = {c}: speedup over α (left) and over α × k (right)",
+        "alpha": "acceptance rate α", "speedup": "speedup E / (1 + k·c)", "k": "draft length k",
+        "line_k": "k = {k}", "e_line": "E tokens per pass, k = {k}", "breakeven": "no gain (speedup 1)",
+        "spec_hover": "α = %{x:.2f} · k = {k}<br>speedup %{y:.3f}×<extra></extra>",
+        "heat_hover": "α = %{x:.2f} · k = %{y}<br>speedup %{z:.3f}×<extra></extra>",
+        "chosen": "α = {a}, k = {k}: E = {e}, speedup {s}×",
+        "no_data": "No data for this choice.",
+    },
+    "ru": {
+        "kv_title": "KV-кэш на токен (левая ось) и на последовательность из {ctx} токенов (правая ось)",
+        "per_token": "на токен", "per_seq": "на последовательность ({ctx} ток.)",
+        "kv_hover": "<b>{model}</b> · {dtype}<br>{tok} на токен<br>{seq} на последовательность из {ctx} токенов<br>"
+                    "{batch} на батч из {b}",
+        "fit_title": "{model} в {dtype}, контекст {ctx} ток.: сколько последовательностей помещается рядом с весами",
+        "gib": "память (ГиБ)",
+        "weights": "веса", "reserve": "резерв ({pct}% на активации, среду выполнения, фрагментацию)",
+        "kv": "KV-кэш поместившихся последовательностей", "unused": "остаток (меньше одной последовательности)",
+        "capacity": "объём",
+        "fit_n": "{n} посл.", "no_fit": "веса не помещаются", "no_kv": "нет места под KV",
+        "fit_hover": "<b>{gpu}</b><br>объём {mem}<br>веса {w}<br>резерв {r}<br>остаётся под KV {free}<br>"
+                     "KV на последовательность {kv}<br><b>последовательностей: {n}</b>",
+        "step_title": "Нижняя граница шага декодирования: (веса + чтение KV) / пропускная способность, "
+                      "батч {b}, контекст {ctx} ток.",
+        "ms": "мс на шаг декодирования (лог.)",
+        "step_hover": "<b>{gpu}</b> · {dtype}<br>веса {w} + чтение KV {kv} = {tot}<br>÷ {bw}/с = <b>{t}</b><br>"
+                      "≤ {tps} токенов/с на последовательность",
+        "no_room": "не помещается в памяти",
+        "roof_title": "Roofline для {gpu} ({dtype}): где находятся декодирование и префилл",
+        "x": "арифметическая интенсивность (FLOP / байт)", "y": "достижимые FLOP/s",
+        "roof": "крыша = min(пик, пропускная способность × интенсивность)",
+        "ridge": "перегиб {r} FLOP/Б",
+        "decode_b": "декодирование, батч {b}", "prefill_n": "префилл, {n}",
+        "decode_dtypes": "декодирование, батч 1, другие типы",
+        "pt_hover": "<b>{name}</b><br>{flops} FLOP на {bytes}<br>интенсивность {i} FLOP/Б<br>"
+                    "достижимо {att}FLOP/s ({bound})",
+        "mem_bound": "упор в память", "compute_bound": "упор в вычисления",
+        "spec_title": "Спекулятивное декодирование, стоимость черновика c = {c}: ускорение по α (слева) "
+                      "и по α × k (справа)",
+        "alpha": "доля принятых α", "speedup": "ускорение E / (1 + k·c)", "k": "длина черновика k",
+        "line_k": "k = {k}", "e_line": "E токенов за проход, k = {k}", "breakeven": "без выигрыша (ускорение 1)",
+        "spec_hover": "α = %{x:.2f} · k = {k}<br>ускорение %{y:.3f}×<extra></extra>",
+        "heat_hover": "α = %{x:.2f} · k = %{y}<br>ускорение %{z:.3f}×<extra></extra>",
+        "chosen": "α = {a}, k = {k}: E = {e}, ускорение {s}×",
+        "no_data": "Для такого выбора данных нет.",
+    },
+}
+
+BYTE_UNITS = {"en": ["B", "KiB", "MiB", "GiB", "TiB", "PiB"], "ru": ["Б", "КиБ", "МиБ", "ГиБ", "ТиБ", "ПиБ"]}
+
+
+def _t(lang: str) -> dict:
+    return TEXT.get(lang, TEXT["en"])
+
+
+# ---- number formatting (shared with the formulas in app.calculators) ------------------------------------
+
+def fmt_num(x: float, lang: str = "en", sig: int = 3) -> str:
+    """A number with `sig` significant digits, no trailing zeros; Russian uses a decimal comma."""
+    x = float(x)
+    if x == 0 or not math.isfinite(x):
+        s = "0" if x == 0 else str(x)
+    elif abs(x) >= 10 ** sig and float(x).is_integer():
+        s = f"{int(round(x)):,}".replace(",", "\u202f" if lang == "ru" else ",")
+        return s
+    else:
+        digits = max(0, sig - 1 - int(math.floor(math.log10(abs(x)))))
+        s = f"{x:.{digits}f}"
+        if "." in s:
+            s = s.rstrip("0").rstrip(".")
+    return s.replace(".", ",") if lang == "ru" else s
+
+
+def fmt_int(n: float, lang: str = "en") -> str:
+    """An integer; thousands are grouped from 10 000 up (a thin space in Russian, a comma in English)."""
+    n = int(round(n))
+    if abs(n) < 10000:
+        return str(n)
+    return f"{n:,}".replace(",", "\u202f" if lang == "ru" else ",")
+
+
+def fmt_bytes(b: float, lang: str = "en") -> str:
+    """Binary units: 131072 -> '128 KiB', 536870912 -> '512 MiB'."""
+    units = BYTE_UNITS.get(lang, BYTE_UNITS["en"])
+    b = float(b)
+    i = 0
+    while abs(b) >= 1024 and i < len(units) - 1:
+        b /= 1024
+        i += 1
+    return f"{fmt_num(b, lang)} {units[i]}"
+
+
+def fmt_seconds(s: float, lang: str = "en") -> str:
+    ru = lang == "ru"
+    if s >= 1:
+        return f"{fmt_num(s, lang)} {'с' if ru else 's'}"
+    if s >= 1e-3:
+        return f"{fmt_num(s * 1e3, lang)} {'мс' if ru else 'ms'}"
+    return f"{fmt_num(s * 1e6, lang)} {'мкс' if ru else 'µs'}"
+
+
+def fmt_si(v: float, unit: str, lang: str = "en") -> str:
+    """Decimal SI prefixes: 3.35e12, 'B' -> '3.35 TB' (Russian units are written by the caller)."""
+    v = float(v)
+    for p, d in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= d:
+            return f"{fmt_num(v / d, lang)} {p}{unit}"
+    return f"{fmt_num(v, lang)} {unit}"
+
+
+_RU_PREFIX = {"P": "П", "T": "Т", "G": "Г", "M": "М", "k": "к"}
+
+
+def fmt_bytes_dec(v: float, lang: str = "en") -> str:
+    """Decimal byte units, as bandwidths are quoted: 3.35e12 -> '3.35 TB' ('3,35 ТБ')."""
+    s = fmt_si(v, "B", lang)
+    if lang != "ru":
+        return s
+    num, unit = s.rsplit(" ", 1)
+    return f"{num} {_RU_PREFIX.get(unit[:-1], '')}Б" if len(unit) > 1 else f"{num} Б"
+
+
+def byte_ticks(lo: float, hi: float, lang: str = "en", max_ticks: int = 8) -> tuple[list[float], list[str]]:
+    """Tick values at powers of two between lo and hi (bytes), labelled in binary units, at most max_ticks."""
+    if not (lo > 0 and hi > lo):
+        return [], []
+    j0, j1 = math.ceil(math.log2(lo)), math.floor(math.log2(hi))
+    for stride in (1, 2, 5, 10, 20):
+        js = [j for j in range(j0, j1 + 1) if j % stride == 0]
+        if len(js) <= max_ticks:
+            break
+    vals = [2.0 ** j for j in js]
+    return vals, [fmt_bytes(v, lang) for v in vals]
+
+
+def _log_range(lo: float, hi: float, pad: float = 1.6) -> list[float]:
+    return [math.log10(lo / pad), math.log10(hi * pad)]
+
+
+def _legend(name: str, color: str, symbol: str = "square") -> dict:
+    return dict(type="scatter", mode="markers", x=[None], y=[None], name=name, showlegend=True, hoverinfo="skip",
+                marker=dict(symbol=symbol, size=11, color=color))
+
+
+def _top_legend(**extra) -> dict:
+    return dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom", font=dict(size=11), **extra)
+
+
+# ---- (a) KV bytes per token / per sequence -----------------------------------------------------------------
+
+def kv_chart(models: list[dict], dtypes: list[dict], context: int, batch: int = 1, lang: str = "en") -> dict:
+    """Grouped bars: one group per model, one bar per dtype, height = KV bytes per token (log axis).
+
+    models: [{"id", "label", "per_token": {dtype id: bytes}, "selected": bool}]; dtypes: [{"id", "label"}].
+    The right axis is the left one scaled by `context`, so the same bar reads as bytes per sequence.
+    """
+    tx = _t(lang)
+    if not models or not dtypes:
+        return empty(tx["kv_title"].format(ctx=context), tx["no_data"], UIREV_KV)
+    labels = [("<b>" + m["label"] + "</b>") if m.get("selected") else m["label"] for m in models]
+    data = []
+    values = []
+    for d in dtypes:
+        ys = [float(m["per_token"][d["id"]]) for m in models]
+        values += ys
+        hover = [tx["kv_hover"].format(model=m["label"], dtype=d["label"], tok=fmt_bytes(y, lang),
+                                       seq=fmt_bytes(y * context, lang), ctx=fmt_int(context, lang),
+                                       batch=fmt_bytes(y * context * batch, lang), b=batch)
+                 for m, y in zip(models, ys)]
+        data.append(dict(type="bar", name=d["label"], x=labels, y=ys, customdata=hover, showlegend=True,
+                         marker=dict(color=DTYPE_COLORS.get(d["id"], GREY),
+                                     line=dict(color=["#222" if m.get("selected") else "rgba(0,0,0,0)"
+                                                      for m in models], width=1.5)),
+                         hovertemplate="%{customdata}<extra></extra>"))
+    lo, hi = min(values), max(values)
+    yr = _log_range(lo, hi)
+    shift = math.log10(context)
+    y2r = [yr[0] + shift, yr[1] + shift]
+    tv, tt = byte_ticks(10 ** yr[0], 10 ** yr[1], lang)
+    tv2, tt2 = byte_ticks(10 ** y2r[0], 10 ** y2r[1], lang)
+    # An invisible trace on the right axis: plotly.js draws an overlaying axis only when a trace uses it.
+    data.append(dict(type="scatter", mode="markers", x=[labels[0]], y=[10 ** y2r[0]], yaxis="y2", showlegend=False,
+                     hoverinfo="skip", marker=dict(opacity=0, size=1)))
+    lay = layout(tx["kv_title"].format(ctx=fmt_int(context, lang)), UIREV_KV, showlegend=True, height=380,
+                 barmode="group", bargap=0.25, margin=dict(l=75, r=85, t=70, b=90), legend=_top_legend(),
+                 xaxis=dict(tickangle=-20, automargin=True),
+                 yaxis=dict(type="log", range=yr, title=dict(text=tx["per_token"]), tickvals=tv, ticktext=tt,
+                            gridcolor="#EEE"),
+                 yaxis2=dict(type="log", range=y2r, overlaying="y", side="right", tickvals=tv2, ticktext=tt2,
+                             title=dict(text=tx["per_seq"].format(ctx=fmt_int(context, lang))), showgrid=False))
+    return figure(data, lay)
+
+
+# ---- (b) how many sequences fit ---------------------------------------------------------------------------
+
+def fit_chart(rows: list[dict], model: str, dtype: str, context: int, reserve_fraction: float,
+              lang: str = "en") -> dict:
+    """Horizontal stacked bars per device: weights | reserve | KV of the n sequences that fit | left over.
+
+    rows: [{"id", "label", "memory_bytes", "weight_bytes", "reserve_bytes", "kv_bytes_per_seq", "n"}];
+    the "kv" trace's customdata[i] is n for row i. x is in GiB.
+    """
+    tx = _t(lang)
+    title = tx["fit_title"].format(model=model, dtype=dtype, ctx=fmt_int(context, lang))
+    if not rows:
+        return empty(title, tx["no_data"], UIREV_FIT)
+    gib = float(2**30)
+    ys = [r["label"] for r in rows]
+    w = [min(r["weight_bytes"], r["memory_bytes"]) for r in rows]
+    res = [min(r["reserve_bytes"], max(0.0, r["memory_bytes"] - r["weight_bytes"])) for r in rows]
+    kv = [r["n"] * r["kv_bytes_per_seq"] for r in rows]
+    unused = [max(0.0, r["memory_bytes"] - a - b - c) for r, a, b, c in zip(rows, w, res, kv)]
+    hover = []
+    for r in rows:
+        free = max(0.0, r["memory_bytes"] - r["reserve_bytes"] - r["weight_bytes"])
+        hover.append(tx["fit_hover"].format(gpu=r["label"], mem=fmt_bytes(r["memory_bytes"], lang),
+                                            w=fmt_bytes(r["weight_bytes"], lang), r=fmt_bytes(r["reserve_bytes"], lang),
+                                            free=fmt_bytes(free, lang), kv=fmt_bytes(r["kv_bytes_per_seq"], lang),
+                                            n=fmt_int(r["n"], lang)))
+    pct = fmt_num(100 * reserve_fraction, lang)
+    parts = [("weights", tx["weights"], w), ("reserve", tx["reserve"].format(pct=pct), res), ("kv", tx["kv"], kv),
+             ("unused", tx["unused"], unused)]
+    data = []
+    for key, name, xs in parts:
+        trace = dict(type="bar", orientation="h", name=name, y=ys, x=[v / gib for v in xs], showlegend=True,
+                     marker=dict(color=MEM_COLORS[key], line=dict(color="white", width=0.5)),
+                     hovertext=hover, hovertemplate="%{hovertext}<extra></extra>")
+        if key == "kv":
+            trace["customdata"] = [r["n"] for r in rows]
+        data.append(trace)
+    # Weights that exceed the device: draw the overflow past the capacity line in red.
+    over = [max(0.0, r["weight_bytes"] - r["memory_bytes"]) / gib for r in rows]
+    if any(over):
+        data.append(dict(type="bar", orientation="h", name=tx["no_fit"], y=ys, x=over, showlegend=True,
+                         marker=dict(color="#E45756", pattern=dict(shape="/")), hovertext=hover,
+                         hovertemplate="%{hovertext}<extra></extra>"))
+    ends = [max(r["memory_bytes"], r["weight_bytes"]) / gib for r in rows]
+    labels = [" " + (tx["no_fit"] if r["weight_bytes"] > r["memory_bytes"] else tx["no_kv"] if r["n"] == 0
+                     else tx["fit_n"].format(n=fmt_int(r["n"], lang))) for r in rows]
+    data.append(dict(type="scatter", mode="text", name="n", y=ys, x=ends, text=labels, textposition="middle right",
+                     showlegend=False, hoverinfo="skip", textfont=dict(size=12, color="#222")))
+    data.append(dict(type="scatter", mode="markers", name=tx["capacity"], y=ys,
+                     x=[r["memory_bytes"] / gib for r in rows], showlegend=False, hoverinfo="skip",
+                     marker=dict(symbol="line-ns", size=22, line=dict(width=2.5, color="#222"))))
+    xmax = max(ends) * 1.35
+    lay = layout(title, UIREV_FIT, showlegend=True, barmode="stack", height=max(300, 150 + 46 * len(rows)),
+                 margin=dict(l=150, r=20, t=40, b=110),
+                 legend=dict(orientation="h", x=0, xanchor="left", y=-0.16, yanchor="top", font=dict(size=11),
+                             traceorder="normal"),
+                 xaxis=dict(title=dict(text=tx["gib"]), range=[0, xmax], gridcolor="#EEE"),
+                 yaxis=dict(autorange="reversed", automargin=True))
+    return figure(data, lay)
+
+
+# ---- (c) decode-step lower bound per dtype and device -------------------------------------------------------
+
+def step_chart(rows: list[dict], dtypes: list[dict], context: int, batch: int, lang: str = "en") -> dict:
+    """Grouped bars: x = device, one bar per dtype, y = (weights + KV read) / bandwidth in ms (log axis).
+
+    rows: [{"id", "label", "bandwidth", "per_dtype": {dtype id: {"weight_bytes", "kv_bytes", "bytes", "seconds",
+    "fits"}}}]. Hatched bars do not fit in that device's memory (the bound is then hypothetical).
+    """
+    tx = _t(lang)
+    title = tx["step_title"].format(b=batch, ctx=fmt_int(context, lang))
+    if not rows or not dtypes:
+        return empty(title, tx["no_data"], UIREV_STEP)
+    xs = [r["label"] for r in rows]
+    data, all_ms = [], []
+    for d in dtypes:
+        cells = [r["per_dtype"][d["id"]] for r in rows]
+        ms = [c["seconds"] * 1e3 for c in cells]
+        all_ms += ms
+        hover = []
+        for r, c in zip(rows, cells):
+            h = tx["step_hover"].format(gpu=r["label"], dtype=d["label"], w=fmt_bytes(c["weight_bytes"], lang),
+                                        kv=fmt_bytes(c["kv_bytes"], lang), tot=fmt_bytes(c["bytes"], lang),
+                                        bw=_bw(r["bandwidth"], lang), t=fmt_seconds(c["seconds"], lang),
+                                        tps=fmt_num(1.0 / c["seconds"], lang))
+            hover.append(h if c["fits"] else h + f"<br><i>{tx['no_room']}</i>")
+        data.append(dict(type="bar", name=d["label"], x=xs, y=ms, customdata=hover, showlegend=True,
+                         text=[fmt_num(v, lang) for v in ms], textposition="outside", textfont=dict(size=9),
+                         marker=dict(color=DTYPE_COLORS.get(d["id"], GREY),
+                                     opacity=[1.0 if c["fits"] else 0.45 for c in cells],
+                                     pattern=dict(shape=["" if c["fits"] else "/" for c in cells])),
+                         hovertemplate="%{customdata}<extra></extra>"))
+    if any(not r["per_dtype"][d["id"]]["fits"] for r in rows for d in dtypes):
+        data.append(dict(type="bar", name=tx["no_room"], x=[None], y=[None], showlegend=True, hoverinfo="skip",
+                         marker=dict(color="#FFFFFF", line=dict(color="#888", width=1), pattern=dict(shape="/"))))
+    lay = layout(title, UIREV_STEP, showlegend=True, barmode="group", bargap=0.2, height=380,
+                 margin=dict(l=65, r=20, t=70, b=70), legend=_top_legend(),
+                 xaxis=dict(tickangle=-15, automargin=True),
+                 yaxis=dict(type="log", title=dict(text=tx["ms"]), range=_log_range(min(all_ms), max(all_ms), 2.5),
+                            gridcolor="#EEE"))
+    return figure(data, lay)
+
+
+def _bw(bandwidth: float, lang: str) -> str:
+    return fmt_bytes_dec(bandwidth, lang)
+
+
+# ---- (d) roofline with decode and prefill -------------------------------------------------------------------
+
+def roofline_chart(device: dict, points: list[dict], dtype: str, lang: str = "en",
+                   dtype_points: list[dict] | None = None) -> dict:
+    """Log-log roof min(peak, bandwidth × I) with its ridge; the points sit on the roof (the attainable bound).
+
+    device: {"label", "peak_flops", "bandwidth"}; points: [{"label", "kind", "flops", "bytes", "intensity",
+    "attainable"}]; dtype_points: batch-1 decode for the other dtypes (hollow markers) — quantisation moves it.
+    """
+    tx = _t(lang)
+    title = tx["roof_title"].format(gpu=device["label"], dtype=dtype)
+    pf, bw = float(device["peak_flops"]), float(device["bandwidth"])
+    if not points or not (pf > 0 and bw > 0):
+        return empty(title, tx["no_data"], UIREV_ROOF)
+    ridge = pf / bw
+    pts = list(points) + list(dtype_points or [])
+    xs = [p["intensity"] for p in pts]
+    lo, hi = min(min(xs), ridge) / 4, max(max(xs), ridge) * 4
+    roof_x = [lo, ridge, hi]
+    roof_y = [min(pf, bw * x) for x in roof_x]
+
+    def hover(p):
+        bound = tx["mem_bound"] if p["intensity"] < ridge else tx["compute_bound"]
+        return tx["pt_hover"].format(name=p["label"], flops=fmt_si(p["flops"], "", lang).strip(),
+                                     bytes=fmt_bytes(p["bytes"], lang), i=fmt_num(p["intensity"], lang),
+                                     att=fmt_si(p["attainable"], "", lang), bound=bound)
+
+    data = [dict(type="scatter", name="roof", mode="lines", x=roof_x, y=roof_y, showlegend=False,
+                 line=dict(color=ROOF_COLOR, width=2.5),
+                 hovertemplate=f"{tx['roof']}<br>%{{x:.3g}} FLOP/B → %{{y:.3s}}FLOP/s<extra></extra>"),
+            dict(type="scatter", name="ridge", mode="lines", x=[ridge, ridge], y=[roof_y[0], pf], showlegend=False,
+                 hoverinfo="skip", line=dict(color="#999", width=1, dash="dot"))]
+    if dtype_points:
+        data.append(dict(type="scatter", name=tx["decode_dtypes"], mode="markers+text",
+                         x=[p["intensity"] for p in dtype_points], y=[p["attainable"] for p in dtype_points],
+                         text=[p.get("short", "") for p in dtype_points], textposition="bottom center",
+                         textfont=dict(size=10, color="#555"), showlegend=True,
+                         marker=dict(size=9, symbol="circle-open", color=KIND_COLORS["decode"], line=dict(width=2)),
+                         customdata=[hover(p) for p in dtype_points], hovertemplate="%{customdata}<extra></extra>"))
+    data.append(dict(type="scatter", name="points", mode="markers+text", x=[p["intensity"] for p in points],
+                     y=[p["attainable"] for p in points], text=[p["label"] for p in points],
+                     textposition="top left", textfont=dict(size=11), showlegend=False,
+                     marker=dict(size=12, color=[KIND_COLORS[p["kind"]] for p in points],
+                                 line=dict(color="white", width=1)),
+                     customdata=[hover(p) for p in points], hovertemplate="%{customdata}<extra></extra>"))
+    annotations = [dict(x=math.log10(ridge), y=math.log10(pf), xref="x", yref="y",
+                        text=tx["ridge"].format(r=fmt_num(ridge, lang)), showarrow=True, arrowhead=2, ax=0, ay=-28,
+                        font=dict(size=11))]
+    ymin = min(roof_y[0], min(p["attainable"] for p in pts)) / 3
+    lay = layout(title, UIREV_ROOF, showlegend=bool(dtype_points), height=380, annotations=annotations,
+                 margin=dict(l=65, r=20, t=70, b=45), legend=_top_legend(),
+                 xaxis=dict(type="log", title=dict(text=tx["x"]), range=[math.log10(lo), math.log10(hi)],
+                            gridcolor="#EEE"),
+                 yaxis=dict(type="log", title=dict(text=tx["y"]), range=[math.log10(ymin), math.log10(pf * 4)],
+                            gridcolor="#EEE", exponentformat="SI"))
+    return figure(data, lay)
+
+
+# ---- (e) speculative decoding ------------------------------------------------------------------------------
+
+def spec_chart(alphas: list[float], ks: list[int], speedup: list[list[float]], expected: list[float],
+               alpha: float, k: int, c: float, chosen_e: float, chosen_speedup: float, lang: str = "en",
+               line_ks: list[int] | None = None) -> dict:
+    """Left: speedup over α for several k (chosen k thick) and E(α) for the chosen k (dashed); right: a heatmap
+    of speedup over α × k with the chosen point. speedup[i][j] is for k = ks[i], α = alphas[j]; expected[j] is
+    E(alphas[j], k)."""
+    tx = _t(lang)
+    title = tx["spec_title"].format(c=fmt_num(c, lang))
+    if not alphas or not ks:
+        return empty(title, tx["no_data"], UIREV_SPEC)
+    line_ks = [x for x in (line_ks or ks) if x in ks]
+    data = []
+    for n, kk in enumerate(line_ks):
+        row = speedup[ks.index(kk)]
+        chosen = kk == k
+        data.append(dict(type="scatter", mode="lines", name=tx["line_k"].format(k=kk), x=alphas, y=row,
+                         showlegend=True, xaxis="x", yaxis="y",
+                         line=dict(color=K_COLORS[-1] if chosen else K_COLORS[n % (len(K_COLORS) - 1)],
+                                   width=3.5 if chosen else 1.8),
+                         hovertemplate=tx["spec_hover"].replace("{k}", str(kk))))
+    data.append(dict(type="scatter", mode="lines", name=tx["e_line"].format(k=k), x=alphas, y=expected,
+                     showlegend=True, xaxis="x", yaxis="y", line=dict(color=K_COLORS[-1], width=1.5, dash="dash"),
+                     hovertemplate="α = %{x:.2f}<br>E = %{y:.3f}<extra></extra>"))
+    data.append(dict(type="scatter", mode="lines", name=tx["breakeven"], x=[alphas[0], alphas[-1]], y=[1, 1],
+                     showlegend=False, xaxis="x", yaxis="y", hoverinfo="skip",
+                     line=dict(color="#999", width=1, dash="dot")))
+    data.append(dict(type="scatter", mode="markers", name="chosen", x=[alpha], y=[chosen_speedup], xaxis="x",
+                     yaxis="y", showlegend=False,
+                     marker=dict(size=11, color=K_COLORS[-1], line=dict(color="#222", width=1.5)),
+                     hovertemplate=tx["chosen"].format(a=fmt_num(alpha, lang), k=k, e=fmt_num(chosen_e, lang, 4),
+                                                       s=fmt_num(chosen_speedup, lang, 4)) + "<extra></extra>"))
+    zmin = min(min(r) for r in speedup)
+    zmax = max(2.0, max(max(r) for r in speedup))
+    # White exactly at speedup 1: red cells are slower than plain decoding, blue ones faster.
+    mid = min(max((1.0 - zmin) / (zmax - zmin), 0.0), 1.0) if zmax > zmin else 0.5
+    scale = [[0.0, "#B2182B"], [mid / 2, "#EF8A62"], [mid, "#F7F7F7"], [mid + (1 - mid) / 3, "#92C5DE"],
+             [1.0, "#08306B"]] if 0 < mid < 1 else "Blues"
+    data.append(dict(type="heatmap", name="speedup", x=alphas, y=ks, z=speedup, xaxis="x2", yaxis="y2",
+                     colorscale=scale, zmin=zmin, zmax=zmax, showscale=True,
+                     colorbar=dict(x=1.0, len=0.85, thickness=12, title=dict(text="×", side="top")),
+                     hovertemplate=tx["heat_hover"]))
+    data.append(dict(type="scatter", mode="markers", name="chosen", x=[alpha], y=[k], xaxis="x2", yaxis="y2",
+                     showlegend=False, hoverinfo="skip",
+                     marker=dict(size=12, symbol="x", color="#111", line=dict(width=1))))
+    ymax = max(max(max(r) for r in speedup), max(expected)) * 1.08
+    lay = layout(title, UIREV_SPEC, showlegend=True, height=400, margin=dict(l=60, r=40, t=80, b=50),
+                 legend=_top_legend(),
+                 xaxis=dict(domain=[0, 0.47], title=dict(text=tx["alpha"]), range=[alphas[0], alphas[-1]],
+                            gridcolor="#EEE"),
+                 yaxis=dict(title=dict(text=tx["speedup"]), range=[0, ymax], gridcolor="#EEE"),
+                 xaxis2=dict(domain=[0.56, 0.94], title=dict(text=tx["alpha"]), anchor="y2"),
+                 yaxis2=dict(title=dict(text=tx["k"]), anchor="x2", dtick=1 if len(ks) <= 12 else None))
+    return figure(data, lay)

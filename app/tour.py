@@ -1,0 +1,189 @@
+"""The guided tour: lecture steps (assets/tour.json) that drive a LabSession and name the panel to highlight.
+
+A step's action puts the live engine in the state its text talks about — start the house example, take a
+few steps, queue a second request that shares the system prompt, run to the end — so the highlighted
+panel shows real data from the running model, not a recording.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine import SamplingParams
+
+from .session import LabSession
+
+TOUR_PATH = Path(__file__).resolve().parent.parent / "assets" / "tour.json"
+LANGS = ("en", "ru")
+# Panels that are not in render.PANEL_CHARTS because they have no live-event charts of their own there
+# (speculative: its own panel; calculators: app.calculators).
+EXTRA_PANELS = ("speculative", "calculators")
+ACTIONS = ("none", "start", "step", "add_request", "run_until_done")
+# Short answers keep the tour brisk on a CPU; the story needs ~11 tokens before the second request arrives.
+TOUR_MAX_TOKENS = 16
+MAX_STEPS_PER_ACTION = 64
+RUN_UNTIL_DONE_LIMIT = 2048  # a safety net: every request has max_tokens, so the loop ends long before this
+
+
+@dataclass(frozen=True)
+class TourStep:
+    id: str
+    panel: str
+    title: dict  # {"en": ..., "ru": ...}
+    text: dict
+    action: dict  # {"type": one of ACTIONS, ...}
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def known_panels() -> set[str]:
+    from .render import PANEL_CHARTS  # late: render pulls in every chart module
+
+    return set(PANEL_CHARTS) | set(EXTRA_PANELS)
+
+
+def load_tour(path: str | Path | None = None) -> list[TourStep]:
+    """The tour's steps, validated; ValueError names the step and the field that is wrong."""
+    path = Path(path) if path else TOUR_PATH
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"tour file {path} is missing") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    steps = raw.get("steps") if isinstance(raw, dict) else None
+    if not isinstance(steps, list) or not steps:
+        raise ValueError(f"{path}: expected an object with a non-empty 'steps' list")
+    panels = known_panels()
+    out, seen, started = [], set(), False
+    for i, s in enumerate(steps):
+        where = f"{path}: step {i + 1}"
+        if not isinstance(s, dict):
+            raise ValueError(f"{where} must be an object")
+        sid = s.get("id")
+        if not isinstance(sid, str) or not sid:
+            raise ValueError(f"{where}: 'id' must be a non-empty string")
+        where = f"{path}: step {i + 1} ({sid!r})"
+        if sid in seen:
+            raise ValueError(f"{where}: the id is used twice")
+        seen.add(sid)
+        if s.get("panel") not in panels:
+            raise ValueError(f"{where}: unknown panel {s.get('panel')!r}; known: {', '.join(sorted(panels))}")
+        for key in ("title", "text"):
+            v = s.get(key)
+            if not isinstance(v, dict) or any(not isinstance(v.get(lang), str) or not v[lang].strip()
+                                               for lang in LANGS):
+                raise ValueError(f"{where}: {key!r} needs non-empty 'en' and 'ru' strings")
+        action = _check_action(where, s.get("action"))
+        if action["type"] == "start":
+            started = True
+        elif action["type"] != "none" and not started:
+            # Acting before the tour's own "start" would step whatever the visitor had typed.
+            raise ValueError(f"{where}: a {action['type']!r} action needs an earlier 'start' step")
+        out.append(TourStep(sid, s["panel"], dict(s["title"]), dict(s["text"]), action))
+    return out
+
+
+def _check_action(where: str, a) -> dict:
+    if not isinstance(a, dict) or a.get("type") not in ACTIONS:
+        raise ValueError(f"{where}: 'action' must be an object whose 'type' is one of {', '.join(ACTIONS)}")
+    t = a["type"]
+    allowed = {"none": {"type"}, "start": {"type", "prompt", "chat", "system", "max_tokens"},
+               "step": {"type", "count"}, "add_request": {"type", "prompt", "chat", "system", "max_tokens"},
+               "run_until_done": {"type"}}[t]
+    extra = set(a) - allowed
+    if extra:
+        raise ValueError(f"{where}: unexpected field(s) {sorted(extra)} in a {t!r} action")
+    if t in ("start", "add_request"):
+        if not isinstance(a.get("prompt"), str) or not a["prompt"].strip():
+            raise ValueError(f"{where}: a {t!r} action needs a non-empty 'prompt'")
+        if not isinstance(a.get("chat", True), bool):
+            raise ValueError(f"{where}: 'chat' must be true or false")
+        if a.get("system") is not None and not isinstance(a["system"], str):
+            raise ValueError(f"{where}: 'system' must be a string")
+        mt = a.get("max_tokens", TOUR_MAX_TOKENS)
+        if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
+            raise ValueError(f"{where}: 'max_tokens' must be a positive integer")
+    if t == "step":
+        n = a.get("count")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_STEPS_PER_ACTION:
+            raise ValueError(f"{where}: 'count' must be an integer from 1 to {MAX_STEPS_PER_ACTION}")
+    return dict(a)
+
+
+NOTES = {
+    "en": {
+        "none": "Nothing to run: look at the highlighted panel.",
+        "start": "Started «{p}» ({mode}); max new tokens: {n}.",
+        "chat": "chat template", "plain": "plain text",
+        "step": "Ran {done} engine step(s).",
+        "step_short": "Ran {done} of {want} engine steps: every sequence has finished.",
+        "add": "Queued request {sid}: «{p}» ({mode}). It is admitted at the next step.",
+        "run": "Ran {done} engine step(s) until every sequence finished.",
+        "nothing": "Nothing left to run: every sequence has finished.",
+    },
+    "ru": {
+        "none": "Запускать нечего: смотрите на подсвеченную панель.",
+        "start": "Запущен запрос «{p}» ({mode}); макс. новых токенов: {n}.",
+        "chat": "шаблон чата", "plain": "простой текст",
+        "step": "Выполнено шагов движка: {done}.",
+        "step_short": "Выполнено шагов движка: {done} из {want} — все последовательности завершены.",
+        "add": "В очередь добавлен запрос {sid}: «{p}» ({mode}). Он будет принят на следующем шаге.",
+        "run": "Выполнено шагов движка: {done}; все последовательности завершены.",
+        "nothing": "Делать больше нечего: все последовательности завершены.",
+    },
+}
+
+
+def tour_params(params: SamplingParams | None, max_tokens: int = TOUR_MAX_TOKENS) -> SamplingParams:
+    """The visitor's sampling settings with max_tokens capped, so a tour step never waits on a long answer.
+
+    Without settings: temperature 0.7 (the page's default) and a fixed seed, so the tour replays the same.
+    """
+    if params is None:
+        return SamplingParams(max_tokens=max_tokens, temperature=0.7, seed=0)
+    return dataclasses.replace(params, max_tokens=min(params.max_tokens, max_tokens))
+
+
+def apply_action(step: TourStep, session: LabSession, params: SamplingParams | None = None,
+                 lang: str = "en") -> str:
+    """Perform the step's action on the session and return a one-line note of what was done."""
+    tx = NOTES.get(lang, NOTES["en"])
+    a = step.action
+    t = a["type"]
+    with session.lock:  # one action at a time, even if a Run loop or another click races it
+        if t == "none":
+            return tx["none"]
+        if t in ("start", "add_request"):
+            p = tour_params(params, a.get("max_tokens", TOUR_MAX_TOKENS))
+            chat = a.get("chat", True)
+            if t == "start":
+                session.reset()
+            sid = session.add_request(a["prompt"], p, chat, a.get("system"))
+            mode = tx["chat"] if chat else tx["plain"]
+            if t == "start":
+                session.focus = sid
+                return tx["start"].format(p=a["prompt"], mode=mode, n=p.max_tokens)
+            return tx["add"].format(sid=sid, p=a["prompt"], mode=mode)
+        if t == "step":
+            want = a["count"]
+            done = _run(session, want)
+            if done == 0:
+                return tx["nothing"]
+            return tx["step"].format(done=done) if done == want else tx["step_short"].format(done=done, want=want)
+        if t == "run_until_done":
+            done = _run(session, RUN_UNTIL_DONE_LIMIT)
+            return tx["run"].format(done=done) if done else tx["nothing"]
+    raise ValueError(f"unknown tour action {t!r}")  # load_tour rejects these; a hand-made TourStep may not
+
+
+def _run(session: LabSession, n: int) -> int:
+    done = 0
+    for _ in range(n):
+        if session.step() is None:
+            break
+        done += 1
+    return done
