@@ -66,6 +66,35 @@ UI = {
     "other_presents": {"en": "Another tab is presenting", "ru": "Лекцию ведёт другая вкладка"},
     "nobody_presents": {"en": "Nobody is presenting", "ru": "Сейчас никто не ведёт лекцию"},
     "viewers": {"en": "viewers", "ru": "зрителей"},
+    "tour": {"en": "Guided tour", "ru": "Экскурсия"},
+    "tour_intro": {"en": "A walk through the eight stages on the live engine: each step runs the engine as "
+                         "needed and takes you to its panel.",
+                   "ru": "Прогулка по восьми этапам на живом движке: каждый шаг при необходимости запускает "
+                         "движок и показывает свою панель."},
+    "tour_start": {"en": "Start", "ru": "Начать"},
+    "tour_next": {"en": "Next", "ru": "Дальше"},
+    "tour_back": {"en": "Back", "ru": "Назад"},
+    "tour_replay": {"en": "The tour runs on the live engine: press Reset to leave the replayed trace first.",
+                    "ru": "Экскурсия идёт на живом движке: сначала нажмите «Сброс», чтобы выйти из записи."},
+    "trace_box": {"en": "Trace & export", "ru": "Запись и экспорт"},
+    "trace_export": {"en": "Export trace (JSON)", "ru": "Сохранить запись (JSON)"},
+    "trace_load": {"en": "Load a trace", "ru": "Открыть запись"},
+    "trace_empty": {"en": "Nothing to export yet: press Step first.", "ru": "Пока нечего сохранять: сначала нажмите «Шаг»."},
+    "trace_saved": {"en": "Trace saved: download it below. Load it later, even with no model, to replay the session.",
+                    "ru": "Запись готова — скачайте её ниже. Её можно открыть позже, даже без модели."},
+    "trace_none": {"en": "No file received.", "ru": "Файл не получен."},
+    "trace_loaded": {"en": "Replaying a recorded trace ({n} steps, model {model}): Step shows the next recorded "
+                           "step; Reset returns to the live engine.",
+                     "ru": "Воспроизводится запись ({n} шагов, модель {model}): «Шаг» показывает следующий "
+                           "записанный шаг; «Сброс» возвращает к живому движку."},
+    "trace_bad": {"en": "This file is not a usable InferLab trace", "ru": "Этот файл — не запись InferLab"},
+    "replay_pos": {"en": "Replay: step {pos} of {n}.", "ru": "Запись: шаг {pos} из {n}."},
+    "chart": {"en": "Chart", "ru": "График"},
+    "format": {"en": "Format", "ru": "Формат"},
+    "export_btn": {"en": "Export chart", "ru": "Экспорт графика"},
+    "download": {"en": "Download", "ru": "Скачать"},
+    "export_pick": {"en": "Pick a chart to export.", "ru": "Выберите график для экспорта."},
+    "export_done": {"en": "{name} is ready: download it below.", "ru": "{name} готов — скачайте ниже."},
 }
 
 PANELS = [

@@ -124,6 +124,7 @@ class Hub:
         texts = [json.dumps({"type": "event", "event": e}, allow_nan=False, ensure_ascii=False) for e in events]
         frame_text = None
         if frame is not None:
+            frame = {**frame, "t": time.time()}  # lab.js skips a payload whose "t" it has already drawn
             with self._lock:
                 self.frame_count += 1
                 frame_text = json.dumps({"type": "frame", "n": self.frame_count, "t": time.time(),

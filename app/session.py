@@ -98,6 +98,9 @@ class LabSession:
                 self.focus = rid
             return rid
 
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished()
+
     def step(self) -> StepEvent | None:
         """One engine step; None when there is nothing to do."""
         with self.lock:
@@ -209,13 +212,21 @@ class SessionRegistry:
         self._lock = threading.Lock()
 
     def get(self, key: str) -> LabSession:
-        if self.base is None:
-            raise RuntimeError("the model is still loading")
         with self._lock:
             self._sweep()
             if key not in self.sessions:
+                if self.base is None:  # a replayed trace (put) works without a model; a live session does not
+                    raise RuntimeError("the model is still loading")
                 self.sessions[key] = LabSession.create(self.base, self.kv_memory)
             return self.sessions[key]
+
+    def put(self, key: str, session) -> None:
+        """Replace a tab's session (e.g. with a ReplaySession); the old one is freed."""
+        with self._lock:
+            old = self.sessions.pop(key, None)
+            self.sessions[key] = session
+        if old is not None and old is not session:
+            old.close()
 
     def drop(self, key: str) -> None:
         with self._lock:

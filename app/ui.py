@@ -17,16 +17,31 @@ import gradio as gr
 from engine import SamplingParams
 from engine.scheduler import Status
 
+from . import calculators as calc
 from . import render
 from .i18n import EXAMPLES, PANELS, UI, t
 from .live import Hub, Lecture
 from .session import SessionRegistry
+from .trace import ReplaySession
+from .ui_tools import ToolHandlers
 
 log = logging.getLogger("inferlab")
 
 RENDER_JS = "(payload) => { if (window.inferlab) { window.inferlab.render(payload); } return []; }"
 SLIDERS = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
            "presence_penalty"]
+
+
+def calc_header_html(lang: str) -> str:
+    text = calc.CALC_TEXT
+    return (f'<h3 id="html-title-calculators">{html.escape(text["title"][lang])}</h3>'
+            f'<p class="il-explain">{html.escape(text["text"][lang])}</p>')
+
+
+def calc_charts_html() -> str:
+    divs = "".join(f'<div id="{hid}" class="il-html {hid}"></div>' for hid in calc.HTML_IDS)
+    charts = "".join(f'<div id="{cid}" class="il-chart {cid}"></div>' for cid in calc.CHART_IDS)
+    return f'{divs}<div class="il-charts il-calc-charts">{charts}</div>'
 
 
 def panels_html() -> str:
@@ -63,9 +78,12 @@ class LabHandlers:
         return self.registry.get(key)
 
     def _payload(self, s, view, message="", kind="info", what_if=None):
+        return self._deliver(self._payload_dict(s, view, message, kind, what_if), _client_id(view[-1]))
+
+    def _payload_dict(self, s, view, message="", kind="info", what_if=None) -> dict:
         lang, layer, head, word, npos, visible = view
         npos = None if npos in (None, "") or int(npos) < 0 else int(npos)
-        only, client = _visible_set(visible), _client_id(visible)
+        only = _visible_set(visible)
         p = render.build_payload(s, lang, int(layer or 0), int(head or 0), word or "", npos,
                                  self.holder.machine, what_if, message, kind, only=only)
         # the template, BPE trace and panel texts rarely change: send an HTML piece only when it differs from
@@ -74,7 +92,7 @@ class LabHandlers:
         s.sent_html.update(p["html"])
         if self.lecture is not None:
             self.lecture.changed(s, (lang, int(layer or 0), int(head or 0), word or "", npos))
-        return self._deliver(p, client)
+        return p
 
     def _deliver(self, p: dict, client: str | None):
         """Over this tab's websocket when it has one (fast), else as the payload component's new value."""
@@ -106,6 +124,8 @@ class LabHandlers:
 
     def _start_or_update(self, s, prompt, chat, system, sampling_args) -> None:
         """Nothing running: the prompt box starts a new request. Otherwise the sliders apply from this step."""
+        if isinstance(s, ReplaySession):
+            return  # a replay's Step shows the next recorded frame; the controls cannot change the past
         params = self.params(*sampling_args)
         if not s.engine.has_unfinished():
             s.add_request(prompt, params, chat, system)
@@ -151,7 +171,7 @@ class LabHandlers:
             with s.lock:
                 self._start_or_update(s, prompt, chat, system, sampling_args)
             s.running = True
-            while s.running and s.engine.has_unfinished():
+            while s.running and s.has_unfinished():
                 with s.lock:
                     s.step()
                 yield self._payload(s, view, *self._status(s, lang))
@@ -181,6 +201,8 @@ class LabHandlers:
         sampling_args = (temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
         try:
             s = self._session(request)
+            if isinstance(s, ReplaySession):
+                return gr.skip()  # a recorded trace keeps its recorded sampling
             if s.focus is None or s.engine.sequences[s.focus].last_sampling is None:
                 return gr.skip()  # nothing sampled yet: the sliders simply apply to the first step
             trace = s.engine.what_if(s.focus, self.params(*sampling_args))
@@ -299,10 +321,7 @@ class LabHandlers:
             s = self._session(request)
         except Exception:  # noqa: BLE001
             return gr.skip()
-        labels = []
-        for sid in s.seq_ids():
-            seq = s.engine.sequences[sid]
-            labels.append(f"#{sid} · {seq.finish_reason or seq.status.value}")
+        labels = [f"#{sid} · {s.seq_status(sid)}" for sid in s.seq_ids() if s.has_seq(sid)]
         value = next((x for x in labels if s.focus is not None and x.startswith(f"#{s.focus} ")), None)
         if s.sent_html.get("_focus_choices") == (labels, value):
             return gr.skip()
@@ -310,7 +329,9 @@ class LabHandlers:
         return gr.update(choices=labels, value=value)
 
     def _status(self, s, lang):
-        if s.engine.has_unfinished():
+        if isinstance(s, ReplaySession):
+            return t("replay_pos", lang).format(pos=s.position, n=s.num_frames), "info"
+        if s.has_unfinished():
             return "", "info"
         if s.focus is not None and s.engine.sequences[s.focus].status is Status.FINISHED:
             return t("finished", lang), "info"
@@ -362,6 +383,14 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
         timer = gr.Timer(0.5)
         with gr.Row():
             with gr.Column(scale=1, min_width=300, elem_classes="il-controls"):
+                with gr.Accordion(t("tour", "en"), open=False, elem_id="tour") as tour_acc:
+                    tour_box = gr.HTML(f'<p class="il-tour-intro">{html.escape(t("tour_intro", "en"))}</p>',
+                                       elem_id="tour-box")
+                    with gr.Row():
+                        tour_start = gr.Button(t("tour_start", "en"), elem_id="tour_start", size="sm")
+                        tour_back = gr.Button(t("tour_back", "en"), elem_id="tour_back", size="sm")
+                        tour_next = gr.Button(t("tour_next", "en"), elem_id="tour_next", size="sm",
+                                              variant="primary")
                 prompt = gr.Textbox(value="Что такое гравитация?", label=t("prompt", "en"), lines=3,
                                     elem_id="prompt")
                 examples = gr.Dataset(components=[prompt], samples=[[e] for e in EXAMPLES["en"] + EXAMPLES["ru"][:2]],
@@ -407,8 +436,45 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
                     with gr.Row():
                         present_btn = gr.Button(t("present", "en"), elem_id="present", size="sm")
                         unpresent_btn = gr.Button(t("unpresent", "en"), elem_id="unpresent", size="sm")
+                with gr.Accordion(t("trace_box", "en"), open=False, elem_id="trace") as trace_acc:
+                    with gr.Row():
+                        trace_export = gr.Button(t("trace_export", "en"), elem_id="trace_export", size="sm")
+                        trace_load = gr.UploadButton(t("trace_load", "en"), file_types=[".json", ".gz"],
+                                                     elem_id="trace_load", size="sm")
+                    with gr.Row():
+                        export_chart = gr.Dropdown(render.CHART_IDS, value="chart-logits", label=t("chart", "en"),
+                                                   elem_id="export_chart")
+                        export_fmt = gr.Radio(["png", "html"], value="png", label=t("format", "en"),
+                                              elem_id="export_fmt")
+                    export_btn = gr.Button(t("export_btn", "en"), elem_id="export_btn", size="sm")
+                    download = gr.File(label=t("download", "en"), elem_id="download", interactive=False)
             with gr.Column(scale=3, elem_classes="il-main"):
                 gr.HTML(panels_html(), elem_id="panels")
+                # the whiteboard calculators: their own inputs, charts drawn by lab.js like every panel's
+                with gr.Group(elem_id="panel-calculators", elem_classes="il-calc"):
+                    calc_head = gr.HTML(calc_header_html("en"), elem_id="calc-head")
+                    cc = calc.choices("en", None, None)
+                    d = calc.DEFAULTS
+                    L = calc.CALC_TEXT["labels"]
+                    with gr.Row():
+                        c_model = gr.Dropdown(cc["model"], value=d["model"], label=L["model"]["en"],
+                                              elem_id="calc_model", allow_custom_value=True)
+                        c_dtype = gr.Dropdown(cc["dtype"], value=d["dtype"], label=L["dtype"]["en"],
+                                              elem_id="calc_dtype")
+                        c_gpu = gr.Dropdown(cc["gpu"], value=d["gpu"], label=L["gpu"]["en"], elem_id="calc_gpu",
+                                            allow_custom_value=True)
+                    with gr.Row():
+                        c_context = gr.Number(value=d["context"], precision=0, label=L["context"]["en"],
+                                              elem_id="calc_context")
+                        c_batch = gr.Number(value=d["batch"], precision=0, label=L["batch"]["en"],
+                                            elem_id="calc_batch")
+                    with gr.Row():
+                        c_alpha = gr.Slider(0, 1, value=d["alpha"], step=0.01, label=L["alpha"]["en"],
+                                            elem_id="calc_alpha")
+                        c_k = gr.Slider(1, 16, value=d["k"], step=1, label=L["k"]["en"], elem_id="calc_k")
+                        c_cost = gr.Slider(0, 1, value=d["draft_cost"], step=0.01, label=L["draft_cost"]["en"],
+                                           elem_id="calc_draft_cost")
+                    gr.HTML(calc_charts_html(), elem_id="calc-charts")
         payload = gr.Textbox(visible=False, elem_id="payload")
         # set by lab.js: the chart containers in view (only those are built and sent); rendered but hidden
         # with CSS because Gradio drops invisible components from the DOM, where the script writes to them
@@ -445,6 +511,37 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
             h.lecture_status, lang, lecture_info)
         lecture_timer = gr.Timer(3.0)
         lecture_timer.tick(h.lecture_status, lang, lecture_info, show_progress="hidden")
+        tools = ToolHandlers(h)
+        tour_inputs = [*sampling_inputs, *view_inputs]
+        for btn, fn in ((tour_start, tools.tour_start), (tour_next, tools.tour_next), (tour_back, tools.tour_back)):
+            btn.click(fn, tour_inputs, [payload, tour_box], show_progress="hidden").then(
+                h.seq_choices, None, focus, show_progress="hidden")
+        trace_export.click(tools.export_trace, lang, [download, payload])
+        trace_load.upload(tools.load_trace, [trace_load, *view_inputs], payload).then(
+            h.seq_choices, None, focus, show_progress="hidden")
+        export_btn.click(tools.export_chart, [export_chart, export_fmt, lang, layer, head, word, npos],
+                         [download, payload])
+        calc_inputs = [c_model, c_dtype, c_context, c_batch, c_gpu, c_alpha, c_k, c_cost, lang, visible]
+        for ctl in (c_model, c_dtype, c_gpu):
+            ctl.input(tools.calculators, calc_inputs, payload, show_progress="hidden")
+        for ctl in (c_context, c_batch):
+            ctl.submit(tools.calculators, calc_inputs, payload, show_progress="hidden")
+        for ctl in (c_alpha, c_k, c_cost):
+            ctl.release(tools.calculators, calc_inputs, payload, show_progress="hidden")
+        lang.change(lambda lg: calc_header_html(lg), lang, calc_head)
+        lang.change(tools.calc_choices, [lang, c_model, c_gpu], [c_model, c_dtype, c_gpu]).then(
+            tools.calculators, calc_inputs, payload, show_progress="hidden")
+        lang.change(lambda lg: [gr.update(label=calc.CALC_TEXT["labels"][k][lg]) for k in
+                                ("model", "dtype", "gpu", "context", "batch", "alpha", "k", "draft_cost")] +
+                    [gr.update(label=t("tour", lg)), gr.update(value=t("tour_start", lg)),
+                     gr.update(value=t("tour_back", lg)), gr.update(value=t("tour_next", lg)),
+                     gr.update(label=t("trace_box", lg)), gr.update(value=t("trace_export", lg)),
+                     gr.update(label=t("trace_load", lg)), gr.update(label=t("chart", lg)),
+                     gr.update(label=t("format", lg)), gr.update(value=t("export_btn", lg)),
+                     gr.update(label=t("download", lg))],
+                    lang, [c_model, c_dtype, c_gpu, c_context, c_batch, c_alpha, c_k, c_cost, tour_acc, tour_start,
+                           tour_back, tour_next, trace_acc, trace_export, trace_load, export_chart, export_fmt,
+                           export_btn, download])
         examples.click(lambda x: x[0], examples, prompt)
         relabeled = [prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens,
                      stop, focus, layer, head, force_id, rewind_n, word, npos, step_btn, run_btn, pause_btn,
@@ -453,6 +550,10 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
         lang.change(h.relabel, lang, relabeled).then(h.view, view_inputs, payload)
         timer.tick(h.status, lang, [status, timer, layer, head], show_progress="hidden")
         demo.load(h.status, lang, [status, timer, layer, head])
+        # the calculators once the model and this machine's numbers are known (the loaded model joins the list)
+        calc_timer = gr.Timer(1.0)
+        calc_outputs = [c_model, c_dtype, c_gpu, payload, calc_timer]
+        calc_timer.tick(tools.calc_ready, [*calc_inputs], calc_outputs, show_progress="hidden")
 
         def free_session(request: gr.Request):
             key = getattr(request, "session_hash", None) or "default"

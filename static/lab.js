@@ -126,6 +126,7 @@
       observe(el);
       if (isVisible(el)) draw(id);  // off-screen charts are drawn when scrolled into view
     }
+    if (p.tour) showTourPanel(p.tour.panel);
     state.renderStart = tStart;
     bindTokenClicks();
     // a payload built while the view was changing may leave a chart in view stale: ask for it (bounded, so a
@@ -157,6 +158,15 @@
     socket.onclose = () => { state.socket = "closed"; setTimeout(connect, 1500); };
   }
   connect();
+
+  function showTourPanel(key) {
+    // the guided tour: bring the step's panel into view and outline it
+    document.querySelectorAll(".il-tour-focus").forEach((el) => el.classList.remove("il-tour-focus"));
+    const el = document.getElementById("panel-" + key);
+    if (!el) return;
+    el.classList.add("il-tour-focus");
+    el.scrollIntoView({ behavior: "smooth", block: "start" });
+  }
 
   function keyboard(e) {
     // Alt+S: step, Alt+R: run, Alt+P: pause (keyboard-friendly lecturing)

@@ -1,0 +1,164 @@
+"""The page's tools around the lab: trace export/replay, chart export, the whiteboard calculators, the tour.
+
+Each handler goes through LabHandlers (app/ui.py) for the tab's session and for payload delivery, so its
+charts reach the page the same way a step's do; errors become a message on the page, never a traceback.
+"""
+from __future__ import annotations
+
+import html
+import tempfile
+import time
+from pathlib import Path
+
+import gradio as gr
+
+from . import calculators as calc
+from . import render
+from .export import chart_file
+from .i18n import t
+from .tour import apply_action, load_tour
+from .trace import ReplaySession, TraceError, export_trace, load_trace, save_trace
+
+EXPORT_DIR = Path(tempfile.gettempdir()) / "inferlab-exports"
+MAX_TRACE_BYTES = 200 * 1024 * 1024
+
+
+class ToolHandlers:
+    def __init__(self, lab):
+        self.lab = lab  # LabHandlers: sessions, payload delivery, the model holder
+        self.tour = load_tour()
+        self.tour_pos: dict[str, int] = {}  # session key -> index of the tour step shown
+
+    @staticmethod
+    def _key(request) -> str:
+        return getattr(request, "session_hash", None) or "default"
+
+    # ---- trace export / replay --------------------------------------------------------------------
+    def export_trace(self, lang, request: gr.Request = None):
+        try:
+            s = self.lab._session(request)
+            with s.lock:
+                if not s.events:
+                    raise ValueError(t("trace_empty", lang))
+                doc = export_trace(s)
+            directory = EXPORT_DIR / self._key(request)[:32]
+            return str(save_trace(doc, directory)), render.dumps(
+                {"figs": {}, "html": {"html-message": render.message_html(t("trace_saved", lang))}, "t": time.time()})
+        except Exception as exc:  # noqa: BLE001
+            return None, self.lab._error(exc, lang)
+
+    def load_trace(self, file, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        view = (lang, layer, head, word, npos, visible)
+        try:
+            path = getattr(file, "name", file)
+            if not path:
+                raise ValueError(t("trace_none", lang))
+            if Path(path).stat().st_size > MAX_TRACE_BYTES:
+                raise ValueError(f"the trace is larger than {MAX_TRACE_BYTES // 2**20} MiB")
+            replay = load_trace(Path(path))
+            key = self._key(request)
+            self.lab.registry.put(key, replay)
+            if self.lab.lecture is not None and self.lab.lecture.is_presenter(key):
+                self.lab.lecture.session = replay  # a lecture can run from a recorded trace
+            msg = t("trace_loaded", lang).format(n=replay.num_frames, model=replay.model_id)
+            return self.lab._payload(replay, view, msg)
+        except TraceError as exc:
+            return self.lab._error(ValueError(f"{t('trace_bad', lang)}: {exc}"), lang)
+        except Exception as exc:  # noqa: BLE001
+            return self.lab._error(exc, lang)
+
+    def export_chart(self, chart_id, fmt, lang, layer, head, word, npos, request: gr.Request = None):
+        try:
+            if chart_id not in render.CHART_IDS:
+                raise ValueError(t("export_pick", lang))
+            s = self.lab._session(request)
+            npos = None if npos in (None, "") or int(npos) < 0 else int(npos)
+            with s.lock:
+                p = render.build_payload(s, lang, int(layer or 0), int(head or 0), word or "", npos,
+                                         self.lab.holder.machine, None, None, only={chart_id})
+            path = chart_file(p["figs"], chart_id, fmt, EXPORT_DIR / self._key(request)[:32])
+            return str(path), render.dumps({"figs": {}, "t": time.time(), "html": {
+                "html-message": render.message_html(t("export_done", lang).format(name=path.name))}})
+        except Exception as exc:  # noqa: BLE001
+            return None, self.lab._error(exc, lang)
+
+    # ---- calculators ------------------------------------------------------------------------------
+    def live_preset(self):
+        base = self.lab.registry.base
+        return calc.live_model_preset_from_engine(base) if base is not None else None
+
+    def calculators(self, model, dtype, context, batch, gpu, alpha, k, draft_cost, lang, visible):
+        try:
+            p = calc.calculator_payload(model, dtype, context, batch, gpu, alpha, k, draft_cost, lang,
+                                        self.live_preset(), self.lab.holder.machine or None)
+            return self.lab._deliver(p, _client(visible))
+        except Exception as exc:  # noqa: BLE001
+            return self.lab._error(exc, lang)
+
+    def calc_choices(self, lang, model, gpu):
+        """Dropdown choices in the chosen language, with the loaded model and this machine once known."""
+        c = calc.choices(lang, self.live_preset(), self.lab.holder.machine or None)
+        return (gr.update(choices=c["model"], value=model), gr.update(choices=c["dtype"]),
+                gr.update(choices=c["gpu"], value=gpu))
+
+    def calc_ready(self, model, dtype, context, batch, gpu, alpha, k, draft_cost, lang, visible):
+        """Polled until the model is loaded and this machine measured: then the loaded model and this machine
+        join the dropdowns, the charts are drawn once and the poll stops."""
+        h = self.lab.holder
+        if h.error:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
+        if not h.ready:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=True)
+        m, d, g = self.calc_choices(lang, model, gpu)
+        return m, d, g, self.calculators(model, dtype, context, batch, gpu, alpha, k, draft_cost, lang, visible), \
+            gr.Timer(active=False)
+
+    # ---- guided tour ------------------------------------------------------------------------------
+    # three explicit handlers (not functools.partial): Gradio injects `request` only into signatures it reads
+    def tour_start(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, layer,
+                   head, word, npos, visible, request: gr.Request = None):
+        return self.tour_step(0, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang,
+                              layer, head, word, npos, visible, request)
+
+    def tour_next(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, layer,
+                  head, word, npos, visible, request: gr.Request = None):
+        return self.tour_step(1, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang,
+                              layer, head, word, npos, visible, request)
+
+    def tour_back(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, layer,
+                  head, word, npos, visible, request: gr.Request = None):
+        return self.tour_step(-1, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang,
+                              layer, head, word, npos, visible, request)
+
+    def tour_step(self, delta, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
+                  lang, layer, head, word, npos, visible, request: gr.Request = None):
+        """delta +1: perform the next step's action and show it; -1: show the previous step again (no undo);
+        0: restart the tour."""
+        view = (lang, layer, head, word, npos, visible)
+        key = self._key(request)
+        try:
+            s = self.lab._session(request)
+            if isinstance(s, ReplaySession):
+                raise ValueError(t("tour_replay", lang))
+            pos = self.tour_pos.get(key, -1)
+            new = 0 if delta == 0 else max(0, min(len(self.tour) - 1, pos + delta))
+            step = self.tour[new]
+            note = ""
+            if delta >= 0 and (delta == 0 or new != pos):
+                params = self.lab.params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
+                note = apply_action(step, s, params, lang)
+            self.tour_pos[key] = new
+            box = (f'<div class="il-tour-step"><div class="il-tour-count">{new + 1} / {len(self.tour)}</div>'
+                   f'<h4>{html.escape(step.title[lang])}</h4><p>{html.escape(step.text[lang])}</p>'
+                   f'<p class="il-tour-note">{html.escape(note)}</p></div>')
+            out = self.lab._payload_dict(s, view, note)
+            out["tour"] = {"panel": step.panel, "index": new}  # lab.js scrolls to the panel and highlights it
+            return self.lab._deliver(out, _client(visible)), box
+        except Exception as exc:  # noqa: BLE001
+            return self.lab._error(exc, lang), gr.skip()
+
+
+def _client(visible):
+    from .ui import _client_id
+
+    return _client_id(visible)

@@ -1,0 +1,160 @@
+"""Browser tests of lecture mode (presenter + follower pages), the guided tour, the calculators and trace
+replay: Debian's Chromium via Playwright against a real server and the real engine."""
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e_util import browser, chromium_available, click_and_wait, ensure_drawn, open_lab, running_server
+
+pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+TOKEN = "e2e-presenter-token"
+
+
+@pytest.fixture(scope="module")
+def lab(base_engine):
+    with running_server(base_engine, presenter_token=TOKEN) as (url, app):
+        with browser() as b:
+            yield url, app, b
+
+
+def open_accordion(page, elem_id):
+    page.click(f"#{elem_id} > button, #{elem_id} .label-wrap")
+
+
+def chart_data(page, chart_id):
+    return page.evaluate("""id => { const el = document.getElementById(id);
+        return el && el.data ? el.data.map(t => ({x: t.x, y: t.y, customdata: t.customdata, name: t.name || ''}))
+                             : null; }""", chart_id)
+
+
+def shot(page, name):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / name))
+
+
+def test_follower_sees_the_presenters_charts(lab):
+    url, app, b = lab
+    page = open_lab(b, url)
+    page.fill("#prompt textarea", "Что такое гравитация?")
+    open_accordion(page, "lecture")
+    page.fill("#presenter_token input", "wrong")
+    click_and_wait(page, "#present")
+    assert "Wrong presenter token" in page.inner_text("#html-message")
+    page.fill("#presenter_token input", TOKEN)
+    click_and_wait(page, "#present")
+    assert "presenting" in page.inner_text("#html-message")
+
+    viewer = b.new_page(viewport={"width": 1400, "height": 1000})
+    viewer.goto(url + "/follow")
+    assert viewer.locator("#step").count() == 0 and viewer.locator("input").count() == 0  # nothing to drive
+    assert TOKEN not in viewer.content()
+    for _ in range(3):
+        click_and_wait(page, "#step")
+    session = app.state.lecture.session
+    last_step = session.events[-1].step
+    viewer.wait_for_function(f"() => (window.inferlabFollow || {{}}).lastStep === {last_step}", timeout=30000)
+    # the frame after the last step: same numbers as the presenter's own charts
+    for cid in ("chart-logits", "chart-sampling", "chart-timeline"):
+        ensure_drawn(page, cid)
+        viewer.wait_for_function(
+            """([id, n]) => { const el = document.getElementById(id); el.scrollIntoView({block: 'center'});
+                window.inferlab.flush();
+                return el.data && el.data.length > 0 && window.inferlabFollow.lastStep === n; }""",
+            arg=[cid, last_step], timeout=30000)
+        deadline = time.time() + 20
+        while chart_data(viewer, cid) != chart_data(page, cid) and time.time() < deadline:
+            time.sleep(0.3)  # the newest frame may still be on its way
+            viewer.evaluate("() => window.inferlab.flush()")
+        assert chart_data(viewer, cid) == chart_data(page, cid), cid
+    ev = session.events[-1].seq(session.focus)
+    assert viewer.inner_text("#html-stream").strip() == page.inner_text("#html-stream").strip()
+    assert f"step {last_step}" in viewer.inner_text("#follow-last")
+    assert ev.new_token_text.strip()[:3] in viewer.inner_text("#html-stream") or not ev.new_token_text.strip()
+    viewer.evaluate("() => window.scrollTo(0, 0)")
+    shot(viewer, "follower.png")
+    click_and_wait(page, "#unpresent")
+    viewer.close()
+    page.close()
+
+
+def test_tour_runs_the_engine_and_highlights_each_panel(lab):
+    url, app, b = lab
+    page = open_lab(b, url)
+    open_accordion(page, "tour")
+    click_and_wait(page, "#tour_start")
+    page.wait_for_selector("#panel-template.il-tour-focus", timeout=10000)
+    assert "1 /" in page.inner_text("#tour-box")
+    from app.tour import load_tour
+
+    steps = load_tour()
+    session = max(app.state.registry.sessions.values(), key=lambda s: s.last_used)
+    assert session.requests and not session.events  # the first step only starts the request
+    for i in range(1, 4):
+        click_and_wait(page, "#tour_next")
+        page.wait_for_selector(f"#panel-{steps[i].panel}.il-tour-focus", timeout=10000)
+        assert steps[i].title["en"] in page.inner_text("#tour-box")
+    stepped = sum(s.action.get("count", 0) for s in steps[:4] if s.action["type"] == "step")
+    assert len(session.events) == stepped
+    time.sleep(1)
+    shot(page, "tour.png")
+    page.close()
+
+
+def test_calculators_draw_the_formulas_numbers(lab):
+    url, app, b = lab
+    from app import calculators as calc
+
+    page = open_lab(b, url)
+    page.wait_for_function("() => document.getElementById('html-calc-formulas').innerText.length > 0",
+                           timeout=30000)
+    for cid in calc.CHART_IDS:
+        ensure_drawn(page, cid)
+    live = calc.live_model_preset_from_engine(app.state.registry.base)
+    d = calc.DEFAULTS
+    expected = calc.calculator_payload(d["model"], d["dtype"], d["context"], d["batch"], d["gpu"], d["alpha"],
+                                       d["k"], d["draft_cost"], "en", live, app.state.holder.machine)
+    for cid in ("chart-calc-fit", "chart-calc-spec"):
+        want = [{"x": t.get("x"), "y": t.get("y")} for t in expected["figs"][cid]["data"]]
+        got = [{"x": t["x"], "y": t["y"]} for t in chart_data(page, cid)]
+        assert json.loads(json.dumps(want)) == got, cid
+    assert "512 MiB" in page.inner_text("#html-calc-formulas")  # Llama-3-8B, bf16, 4096 tokens
+    # choosing int4 changes the numbers on the page
+    page.click("#calc_dtype input")
+    page.fill("#calc_dtype input", "int4")
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.getElementById('html-calc-formulas').innerText.includes('128 MiB')",
+                           timeout=20000)
+    page.evaluate("() => document.getElementById('panel-calculators').scrollIntoView()")
+    time.sleep(1)
+    shot(page, "calculators.png")
+    page.close()
+
+
+def test_exported_trace_replays_in_the_page(lab, tmp_path):
+    url, app, b = lab
+    page = open_lab(b, url)
+    page.fill("#prompt textarea", "What is gravity?")
+    for _ in range(3):
+        click_and_wait(page, "#step")
+    ensure_drawn(page, "chart-timeline")
+    live_timeline = chart_data(page, "chart-timeline")
+    open_accordion(page, "trace")
+    page.click("#trace_export")
+    link = page.wait_for_selector("#download a", timeout=30000)
+    with page.expect_download() as dl:
+        link.click()
+    path = tmp_path / "trace.json.gz"
+    dl.value.save_as(path)
+    click_and_wait(page, "#reset")
+    page.set_input_files("#trace_load input[type=file], input[type=file]", str(path))
+    page.wait_for_function("() => document.getElementById('html-message').innerText.includes('Replaying')",
+                           timeout=30000)
+    for _ in range(3):
+        click_and_wait(page, "#step")
+    ensure_drawn(page, "chart-timeline")
+    assert chart_data(page, "chart-timeline") == live_timeline
+    page.close()
