@@ -29,7 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     from .server import create_app
 
     app, holder = create_app(args.model, args.device, kv_memory=args.kv_memory_mb * 1024 * 1024)
-    print(f"InferLab on http://{args.host}:{args.port}  (model: {args.model}, device: {args.device})", flush=True)
+    url = f"http://{args.host}:{args.port}"
+    print(f"InferLab on {url}  (model: {args.model}, device: {args.device})", flush=True)
+    # lecture mode: the presenter types this token into the page's "Lecture mode" box; viewers open /follow
+    print(f"Lecture mode: presenter token {app.state.hub.token}  ·  viewers open {url}/follow", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

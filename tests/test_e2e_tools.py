@@ -128,9 +128,12 @@ def test_calculators_draw_the_formulas_numbers(lab):
     page.keyboard.press("Enter")
     page.wait_for_function("() => document.getElementById('html-calc-formulas').innerText.includes('128 MiB')",
                            timeout=20000)
-    page.evaluate("() => document.getElementById('panel-calculators').scrollIntoView()")
+    for cid in calc.CHART_IDS:
+        ensure_drawn(page, cid)
+    page.evaluate("() => window.inferlab.flush()")
     time.sleep(1)
-    shot(page, "calculators.png")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#panel-calculators").screenshot(path=str(SCREENSHOTS / "calculators.png"))
     page.close()
 
 
