@@ -9,6 +9,7 @@ from .events import CaptureData, SeqEvent, StepEvent
 from .loader import ModelLoadError
 from .model import Capture
 from .sampling import SamplingParams, sampling_probs
+from .speculative import SpeculativeConfig
 
-__all__ = ["Engine", "GenerationResult", "SamplingParams", "sampling_probs", "StepEvent", "SeqEvent",
-           "CaptureData", "Capture", "ModelLoadError"]
+__all__ = ["Engine", "GenerationResult", "SamplingParams", "sampling_probs", "SpeculativeConfig", "StepEvent",
+           "SeqEvent", "CaptureData", "Capture", "ModelLoadError"]

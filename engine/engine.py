@@ -6,9 +6,14 @@
 
 `generate` and `stream` are loops over `step()` without instrumentation. The engine owns one KV pool; several
 engines (one per browser tab) can share one loaded model through `Engine.session()`.
+
+A request may speculate (`speculative=SpeculativeConfig(...)`): its decode steps become rounds in which a drafter
+proposes k tokens and the target verifies them in the same forward as the other sequences' steps (see
+engine/speculative.py).
 """
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -18,12 +23,14 @@ from typing import Callable, Iterator
 import torch
 
 from . import metrics
+from . import speculative as spec_mod
 from .events import CaptureData, SeqEvent, StepEvent
 from .kv_cache import BlockManager, kv_bytes_per_token, num_blocks_for_budget
 from .loader import LoadedModel, load
 from .model import Capture, KVStorage, Model, ModelSpec, SeqInput
-from .sampling import SamplingParams, sample, trace_chain
-from .scheduler import Scheduler, Sequence, Status
+from .sampling import SamplingParams, sample, sampling_probs, trace_chain
+from .scheduler import ScheduledSeq, Scheduler, Sequence, Status
+from .speculative import Draft, DraftRequest, SpeculativeConfig, SpecState, Verification
 from .tokenizer import IncrementalDetokenizer, render_prompt, token_bytes
 
 DEFAULT_KV_MEMORY = 256 * 1024 * 1024
@@ -40,6 +47,7 @@ class GenerationResult:
     ttft_s: float | None = None
     tpot_s: float | None = None
     events: list[StepEvent] = field(default_factory=list)
+    speculative: dict | None = None  # SpecState.stats(): proposed, accepted, target_passes, α, ... (None: plain)
 
 
 class Engine:
@@ -71,6 +79,8 @@ class Engine:
         self._lock = threading.RLock()
         self.eos_ids = self._eos_ids()
         self._embed_norms = None
+        self._draft_models: dict = {}  # draft source -> (LoadedModel, Model); shared with sessions
+        self._drafters: dict = {}  # drafters shared by this engine's requests (a draft model's owns a KV pool)
         self._settings = dict(kv_memory=kv_memory, block_size=block_size,
                               max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                               enable_prefix_caching=enable_prefix_caching)
@@ -93,8 +103,10 @@ class Engine:
         return cls(loaded, model, **kwargs)
 
     def session(self, **overrides) -> "Engine":
-        """A new engine with its own KV pool and requests, sharing this one's weights."""
-        return Engine(self.loaded, self.model, **{**self._settings, **overrides})
+        """A new engine with its own KV pool and requests, sharing this one's weights (and loaded draft models)."""
+        eng = Engine(self.loaded, self.model, **{**self._settings, **overrides})
+        eng._draft_models = self._draft_models
+        return eng
 
     def _eos_ids(self) -> set[int]:
         ids = set()
@@ -113,11 +125,18 @@ class Engine:
         return render_prompt(self.tokenizer, prompt, chat=chat, system=system)
 
     def add_request(self, prompt: str | None = None, params: SamplingParams | None = None, chat: bool = True,
-                    system: str | None = None, prompt_ids: list[int] | None = None) -> int:
+                    system: str | None = None, prompt_ids: list[int] | None = None,
+                    speculative: SpeculativeConfig | None = None) -> int:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
         params.validate()
+        drafter = None
+        if speculative is not None:
+            if not isinstance(speculative, SpeculativeConfig):
+                raise ValueError("speculative must be a SpeculativeConfig")
+            speculative.validate()
+            drafter = spec_mod.make_drafter(self, speculative)  # model-dependent checks: exit layer, tokenizer
         if prompt_ids is None:
             rendered = self.encode(prompt, chat=chat, system=system)
             prompt_ids, text = list(rendered.token_ids), rendered.text
@@ -131,6 +150,9 @@ class Engine:
         self._check_fits(len(prompt_ids), params)
         with self._lock:
             seq = Sequence(self._new_id(), prompt_ids, params, arrival=self.clock, prompt_text=text)
+            if speculative is not None:
+                seq.spec = SpecState(speculative, drafter, k=speculative.num_tokens)
+                seq.spec_k = self._spec_k(seq)
             self._start(seq)
             self.scheduler.add(seq)
             return seq.seq_id
@@ -190,6 +212,9 @@ class Engine:
             elif seq.status is Status.FINISHED:
                 seq.status, seq.num_computed = Status.WAITING, 0
                 self.scheduler.add(seq)
+            if seq.spec is not None:
+                seq.spec.drafter.forget(seq_id, keep_tokens=seq.num_tokens - 1)
+                seq.spec_k = self._spec_k(seq)
 
     def branch(self, seq_id: int, num_output_tokens: int, params: SamplingParams | None = None) -> int:
         """A new sequence that shares the first `num_output_tokens` outputs (and their KV blocks)."""
@@ -201,6 +226,10 @@ class Engine:
             child = Sequence(self._new_id(), list(parent.prompt_ids), params, arrival=self.clock,
                              output_ids=parent.output_ids[:num_output_tokens], prompt_text=parent.prompt_text,
                              parent_id=seq_id)
+            if parent.spec is not None:  # the branch speculates the same way, with statistics of its own
+                cfg = parent.spec.config
+                child.spec = SpecState(cfg, parent.spec.drafter, k=cfg.num_tokens)
+                child.spec_k = self._spec_k(child)
             self._start(child)
             if parent.status is Status.RUNNING and parent.seq_id in self.blocks.block_tables:
                 child.num_computed = min(parent.num_computed, child.num_tokens - 1)
@@ -231,6 +260,9 @@ class Engine:
         params.validate()
         seq = self._get(seq_id)
         cached = seq.last_sampling
+        if cached is None and seq.spec is not None and seq.spec.proposed:
+            raise ValueError(f"sequence {seq_id}'s last step was a speculative round: its tokens came from verifying "
+                             "drafts, not from one sampling chain, so there is nothing to recompute")
         if cached is None:
             raise ValueError(f"sequence {seq_id} has not sampled a token in a traced step yet")
         logits, prompt_ids, output_ids, u = cached
@@ -263,18 +295,26 @@ class Engine:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         plan = out.scheduled
+        for sid in out.preempted:
+            self._spec_forget(self.sequences[sid])
+        t_sched = time.perf_counter()
+        # speculative sequences draft first: their drafts ride along in this step's one forward
+        drafts = self._draft_all(plan)
+        t_draft = time.perf_counter()
         inputs, seq_events = [], []
-        for item in plan:
+        for i, item in enumerate(plan):
             seq = item.seq
             start = seq.num_computed
             ids = seq.token_ids[start : start + item.num_new]
+            extra = drafts[i].tokens if i in drafts else []
             table = self.blocks.block_tables[seq.seq_id]
-            slots = _slots(table, self.block_size, start + item.num_new)
-            inputs.append(SeqInput(ids, start, slots, logits_rows=1 if item.samples else 0))
+            slots = _slots(table, self.block_size, start + item.num_new + len(extra))
+            # verification needs the logits of every row: the pending token's and each draft's
+            inputs.append(SeqInput(ids + extra, start, slots, logits_rows=1 + len(extra) if item.samples else 0))
             seq_events.append(SeqEvent(
                 seq_id=seq.seq_id, phase="decode" if item.num_new == 1 and seq.output_ids and start == seq.num_tokens - 1
                 else "prefill",
-                chunk_start=start, num_processed=item.num_new, processed_ids=list(ids),
+                chunk_start=start, num_processed=item.num_new + len(extra), processed_ids=list(ids + extra),
                 num_cached_tokens=seq.num_cached_tokens if item.admitted else 0,
                 prompt_len=len(seq.prompt_ids), num_tokens=seq.num_tokens))
 
@@ -287,72 +327,243 @@ class Engine:
             logits, caps = self.model.forward(inputs, self.kv, capture, want)
         t2 = time.perf_counter()
 
-        finished, row = [], 0
+        # 1. sample or verify; finishing waits until the blocks are settled (2 and 3)
+        finished, row, reasons, counts = [], 0, {}, {}
         for i, (item, ev) in enumerate(zip(plan, seq_events)):
             seq = item.seq
             samples = item.samples  # decided before num_computed moves
-            seq.num_computed += item.num_new
-            self.blocks.mark_computed(seq.seq_id, seq.token_ids[: seq.num_computed])
-            if samples:
-                self._sample(seq, logits[row], ev, trace)
-                row += 1
-                if seq.status is Status.FINISHED:
-                    finished.append(seq.seq_id)
+            rows = inputs[i].logits_rows
+            if samples and seq.spec is not None:
+                seq.spec.target_passes += 1
+            draft = drafts.get(i)
+            if draft is not None and draft.tokens:
+                reasons[i], counts[i] = self._verify_round(seq, item, logits[row : row + rows], draft, ev, trace,
+                                                           t2 - t1)
+            else:
+                seq.num_computed += item.num_new
+                if samples:
+                    ts = time.perf_counter()
+                    reasons[i], counts[i] = self._sample(seq, logits[row], ev, trace), 1
+                    if seq.spec is not None and ev.phase == "decode":  # a round without drafts
+                        self._record_round(seq, item, draft or Draft([], None), None, 1, ev, trace,
+                                           t2 - t1 + time.perf_counter() - ts)
+            row += rows
             if i in caps:
                 ev.capture = self._capture_data(caps[i], inputs[i], capture)
+        # 2. give back the slots reserved for drafts, in reverse order of taking: the free list ends up exactly
+        #    as a plain run leaves it
+        for i in sorted(drafts, reverse=True):
+            seq = plan[i].seq
+            released = self.blocks.rollback(seq.seq_id, seq.num_computed)
+            if seq_events[i].spec is not None:
+                seq_events[i].spec["rollback"]["blocks"] = released
+        # 3. register computed blocks (kept tokens only), then finish
+        for i, (item, ev) in enumerate(zip(plan, seq_events)):
+            seq = item.seq
+            self.blocks.mark_computed(seq.seq_id, seq.token_ids[: seq.num_computed])
+            if reasons.get(i) is not None:
+                self._finish(seq, reasons[i])
+                finished.append(seq.seq_id)
+            if item.samples:
+                ev.finished, ev.finish_reason = seq.status is Status.FINISHED, seq.finish_reason
+        for seq in self.scheduler.running:
+            if seq.spec is not None:
+                seq.spec_k = self._spec_k(seq)
         t3 = time.perf_counter()
 
         step_s = t3 - t0
         self.clock += step_s
-        for ev in seq_events:
+        for i, ev in enumerate(seq_events):
             seq = self.sequences[ev.seq_id]
             if ev.new_token is not None:
-                self._stamp_time(seq, ev)
+                self._stamp_time(seq, ev, counts.get(i, 1))
             ev.block_table = list(self.blocks.block_tables.get(ev.seq_id, []))
             ev.num_tokens = seq.num_tokens
         event = self._event(seq_events, plan, out.preempted, finished, inputs,
-                            dict(schedule_ms=(t1 - t0) * 1e3, forward_ms=(t2 - t1) * 1e3,
-                                 sample_ms=(t3 - t2) * 1e3, step_ms=step_s * 1e3, engine_clock_s=self.clock))
+                            dict(schedule_ms=(t_sched - t0) * 1e3, draft_ms=(t_draft - t_sched) * 1e3,
+                                 forward_ms=(t2 - t1) * 1e3, sample_ms=(t3 - t2) * 1e3, step_ms=step_s * 1e3,
+                                 engine_clock_s=self.clock))
         self.step_index += 1
         return event
 
-    def _sample(self, seq: Sequence, logits: torch.Tensor, ev: SeqEvent, trace: bool) -> None:
+    def _sample(self, seq: Sequence, logits: torch.Tensor, ev: SeqEvent, trace: bool) -> str | None:
+        """Draw the next token through the sampling chain; returns the finish reason if this token ends it."""
         prompt_ids, output_ids = seq.prompt_ids, list(seq.output_ids)
         token, tr = sample(logits, seq.params, prompt_ids, output_ids, seq.generator, trace=trace)
+        logp = None
         if tr is not None:
             tr.token_texts = [self.token_text(t) for t in tr.token_ids]
             seq.last_sampling = (logits.clone(), prompt_ids, output_ids, tr.u)
             ev.sampling = tr.to_dict()
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            ev.logit_stats = {"entropy": float(-(logp.exp() * logp).nan_to_num().sum()),
-                              "max_logit": float(logits.max()), "logsumexp": float(torch.logsumexp(logits, -1))}
+            logp = self._logit_stats(logits, ev)
         if seq.forced_token is not None:
             token, ev.forced, seq.forced_token = seq.forced_token, True, None
-        seq.output_ids.append(token)
         ev.new_token, ev.new_token_text = token, self.token_text(token)
-        if ev.logit_stats is not None:  # the model's own log-probability of the token kept (perplexity)
+        if logp is not None:  # the model's own log-probability of the token kept (perplexity)
             ev.logit_stats["token_logprob"] = float(logp[token])
             ev.logit_stats["token_rank"] = int((logits > logits[token]).sum())
+        return self._emit(seq, token, ev)
+
+    def _logit_stats(self, logits: torch.Tensor, ev: SeqEvent) -> torch.Tensor:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        ev.logit_stats = {"entropy": float(-(logp.exp() * logp).nan_to_num().sum()),
+                          "max_logit": float(logits.max()), "logsumexp": float(torch.logsumexp(logits, -1))}
+        return logp
+
+    def _emit(self, seq: Sequence, token: int, ev: SeqEvent) -> str | None:
+        """Append one generated token and feed the detokenizer; returns why the sequence ends here, if it does."""
+        seq.output_ids.append(token)
+        step = seq.detok.push(token)
+        ev.detok = step.to_dict()
+        ev.emitted += step.emitted
         if token in self.eos_ids and not seq.params.ignore_eos:
-            step = seq.detok.push(token)
-            ev.detok = step.to_dict()
-            ev.emitted = step.emitted + seq.detok.finish()
-            self._finish(seq, "eos")
+            ev.emitted += seq.detok.finish()
+            return "eos"
+        if step.stop is not None:
+            return "stop"
+        if len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+            ev.emitted += seq.detok.finish()
+            return "length"
+        return None
+
+    # ---- speculative rounds -------------------------------------------------------------------------
+    def _spec_k(self, seq: Sequence) -> int:
+        """Drafts the next round may verify: the drafter's k, within max_tokens and the model's context."""
+        return max(0, min(seq.spec.k, seq.params.max_tokens - len(seq.output_ids) - 1,
+                          self.max_model_len - seq.num_tokens - 1))
+
+    def _spec_forget(self, seq: Sequence) -> None:
+        if seq.spec is not None:
+            seq.spec.drafter.forget(seq.seq_id)
+
+    def _draft_all(self, plan: list[ScheduledSeq]) -> dict[int, Draft]:
+        """Drafts of every speculating sequence; sequences sharing a drafter draft in one batched forward."""
+        groups: dict[int, list[int]] = {}
+        for i, item in enumerate(plan):
+            if item.num_lookahead:
+                groups.setdefault(id(item.seq.spec.drafter), []).append(i)
+        drafts = {}
+        for idxs in groups.values():
+            t = time.perf_counter()
+            reqs = []
+            for i in idxs:
+                seq, k = plan[i].seq, plan[i].num_lookahead
+                slots = _slots(self.blocks.block_tables[seq.seq_id], self.block_size, seq.num_tokens + k)
+                reqs.append(DraftRequest(seq.token_ids, len(seq.prompt_ids), seq.params, seq.generator, k, slots,
+                                         seq.seq_id))
+            out = plan[idxs[0]].seq.spec.drafter.propose_many(reqs)
+            seconds = time.perf_counter() - t  # each sequence waited for the whole batch
+            for i, d in zip(idxs, out):
+                d.seconds = seconds
+                drafts[i] = d
+        return drafts
+
+    def _verify_round(self, seq: Sequence, item: ScheduledSeq, logits: torch.Tensor, draft: Draft, ev: SeqEvent,
+                      trace: bool, forward_s: float) -> tuple[str | None, int]:
+        """Accept/reject the drafts against the target's rows and emit what is kept; returns (finish reason, count)."""
+        t = time.perf_counter()
+        params, prompt, before = seq.params, seq.prompt_ids, list(seq.output_ids)
+        num_before = seq.num_tokens
+
+        def p_row(i: int) -> torch.Tensor:
+            # the target's distribution at draft position i, penalised as if drafts 1..i had been accepted
+            return sampling_probs(logits[i], params, prompt, before + draft.tokens[:i])
+
+        v = spec_mod.verify(draft.tokens, draft.q, p_row, seq.generator)
+        reason, kept = None, 0
+        for token in v.tokens:  # a stop string, EOS or max_tokens inside the round cuts the round there
+            kept += 1
+            reason = self._emit(seq, token, ev)
+            if reason is not None:
+                break
+        # K/V stay valid for the pending token and the drafts kept; the other rows are rolled back
+        seq.num_computed = num_before + kept - 1
+        seq.last_sampling = None  # no single sampling chain produced these tokens: nothing to replay
+        last = seq.output_ids[-1]
+        ev.new_token, ev.new_token_text = last, self.token_text(last)
+        if trace:
+            logp = self._logit_stats(logits[kept - 1], ev)
+            ev.logit_stats["token_logprob"] = float(logp[last])
+            ev.logit_stats["token_rank"] = int((logits[kept - 1] > logits[kept - 1][last]).sum())
+        seq.spec.drafter.after_round(seq.seq_id, num_before, kept - 1, draft)
+        self._record_round(seq, item, draft, v, kept, ev, trace, forward_s + time.perf_counter() - t)
+        return reason, kept
+
+    def _record_round(self, seq: Sequence, item: ScheduledSeq, draft: Draft, v: Verification | None, kept: int,
+                      ev: SeqEvent, trace: bool, verify_s: float) -> None:
+        """Update the sequence's statistics and adaptive k; describe the round in ev.spec."""
+        st = seq.spec
+        st.record(draft, v, kept, verify_s)
+        entries = []
+        for i, x in enumerate(draft.tokens):
+            c = v.checks[i] if v is not None and i < len(v.checks) else None
+            q_x = c.q if c is not None else (1.0 if draft.q is None else float(draft.q[i, x]))
+            entries.append({"position": i + 1, "token": x, "text": self.token_text(x), "q": q_x,
+                            "p": None if c is None else c.p,
+                            "ratio": None if c is None or not math.isfinite(c.ratio) else c.ratio,
+                            "u": None if c is None else c.u,
+                            "verdict": "unchecked" if c is None else ("accepted" if c.accepted else "rejected")})
+        emitted = seq.output_ids[len(seq.output_ids) - kept:]
+        if v is not None:
+            final = {"position": v.num_accepted + 1, "token": v.final_token, "text": self.token_text(v.final_token),
+                     "kind": v.final_kind, "prob": v.final_prob, "u": v.final_u,
+                     "kept": kept == v.num_accepted + 1}
         else:
-            step = seq.detok.push(token)
-            ev.detok, ev.emitted = step.to_dict(), step.emitted
-            if step.stop is not None:
-                self._finish(seq, "stop")
-            elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
-                ev.emitted += seq.detok.finish()
-                self._finish(seq, "length")
-        ev.finished, ev.finish_reason = seq.status is Status.FINISHED, seq.finish_reason
+            sampling = ev.sampling or {}
+            final = {"position": 1, "token": ev.new_token, "text": ev.new_token_text,
+                     "kind": "forced" if ev.forced else "sampled",
+                     "prob": sampling.get("chosen_prob"), "u": sampling.get("u"), "kept": True}
+        residual = None
+        if v is not None and v.residual is not None:
+            j = v.num_accepted
+            q_j = self._q_row(draft, j)
+            p_j = v.p_rows[j]
+            ids = spec_mod.top_union([v.residual, p_j, q_j], [draft.tokens[j], v.final_token])
+            idx = torch.tensor(ids, dtype=torch.long)
+            residual = {"position": j + 1, "token_ids": ids, "texts": [self.token_text(t) for t in ids],
+                        "p": p_j[idx].tolist(), "q": q_j[idx].tolist(), "residual": v.residual[idx].tolist(),
+                        "mass": v.residual_mass, "drawn": v.final_token}
+        dists = None
+        if trace and v is not None:
+            dists = []
+            for i, p_i in enumerate(v.p_rows):
+                x = draft.tokens[i] if i < len(draft.tokens) else None
+                q_i = None if x is None else self._q_row(draft, i)
+                ids = spec_mod.top_union([p_i, q_i], [] if x is None else [x])
+                idx = torch.tensor(ids, dtype=torch.long)
+                dists.append({"position": i + 1, "draft": x, "token_ids": ids,
+                              "texts": [self.token_text(t) for t in ids], "p": p_i[idx].tolist(),
+                              "q": None if q_i is None else q_i[idx].tolist()})
+        adaptive = None
+        if st.config.adaptive:
+            st.k = st.next_k()
+            adaptive = {"alpha_recent": st.recent_alpha(), "cost_ratio": st.cost_ratio, "k_next": st.k}
+        written = len(draft.tokens) + 1  # rows the verify pass wrote: the pending token and every draft
+        ev.spec = {
+            "method": st.config.method, "k": item.num_lookahead, "k_config": st.config.num_tokens,
+            "num_drafted": len(draft.tokens), "num_accepted": 0 if v is None else v.num_accepted,
+            "num_emitted": kept, "emitted_ids": list(emitted), "emitted_texts": [self.token_text(t) for t in emitted],
+            "truncated": v is not None and kept < len(v.tokens),
+            "draft": entries, "final": final, "residual": residual, "dists": dists,
+            "rollback": {"reserved_slots": item.num_lookahead, "slots": written - kept, "blocks": []},
+            "draft_ms": draft.seconds * 1e3, "verify_ms": verify_s * 1e3,
+            "drafter": {**st.drafter.describe(), **draft.info}, "adaptive": adaptive,
+            "stats": st.stats(len(seq.output_ids)),
+        }
+
+    def _q_row(self, draft: Draft, i: int) -> torch.Tensor:
+        """The draft distribution at position i (one-hot for a point-mass drafter)."""
+        if draft.q is not None:
+            return draft.q[i]
+        return spec_mod.one_hot_rows([draft.tokens[i]], self.spec.vocab_size)[0]
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.status, seq.finish_reason = Status.FINISHED, reason
         self.scheduler.remove(seq)
+        self._spec_forget(seq)
 
-    def _stamp_time(self, seq: Sequence, ev: SeqEvent) -> None:
+    def _stamp_time(self, seq: Sequence, ev: SeqEvent, count: int = 1) -> None:
+        """Time-stamp the `count` tokens this step emitted for seq (a speculative round emits several)."""
         now = self.clock
         if seq.first_token_time is None:
             seq.first_token_time = now
@@ -360,7 +571,7 @@ class Engine:
         elif seq.last_token_time is not None:
             ev.itl_s = now - seq.last_token_time
         seq.last_token_time = now
-        seq.token_times.append(now)
+        seq.token_times.extend([now] * count)
 
     def _capture_data(self, cap, inp: SeqInput, capture: Capture) -> CaptureData:
         lens_tokens = None
@@ -405,15 +616,15 @@ class Engine:
 
     # ---- convenience loops ----------------------------------------------------------------------
     def generate(self, prompt: str, params: SamplingParams | None = None, chat: bool = True,
-                 system: str | None = None) -> GenerationResult:
-        rid = self.add_request(prompt, params, chat=chat, system=system)
+                 system: str | None = None, speculative: SpeculativeConfig | None = None) -> GenerationResult:
+        rid = self.add_request(prompt, params, chat=chat, system=system, speculative=speculative)
         for _ in self._drive(rid):
             pass
         return self.result(rid)
 
     def stream(self, prompt: str, params: SamplingParams | None = None, chat: bool = True,
-               system: str | None = None) -> Iterator[str]:
-        rid = self.add_request(prompt, params, chat=chat, system=system)
+               system: str | None = None, speculative: SpeculativeConfig | None = None) -> Iterator[str]:
+        rid = self.add_request(prompt, params, chat=chat, system=system, speculative=speculative)
         for ev in self._drive(rid):
             if ev.emitted:
                 yield ev.emitted
@@ -440,7 +651,8 @@ class Engine:
         return GenerationResult(
             seq_id=seq_id, prompt_token_ids=list(seq.prompt_ids), token_ids=list(seq.output_ids),
             text=seq.detok.text, finish_reason=seq.finish_reason, num_cached_tokens=seq.num_cached_tokens,
-            ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival, tpot_s=tpot)
+            ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival, tpot_s=tpot,
+            speculative=None if seq.spec is None else seq.spec.stats(n))
 
     def run_until_done(self, trace: bool = False) -> list[StepEvent]:
         events = []

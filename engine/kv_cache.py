@@ -354,6 +354,44 @@ class BlockManager:
         del self._seq_hashes[seq_id][num_tokens // self.block_size:]
         return dropped
 
+    def lookahead_capacity(self, seq_id: int, want: int) -> int:
+        """How many slots (at most ``want``) past seq_id's length can be reserved from truly free blocks.
+
+        Speculative decoding reserves slots for drafts that may be rejected; taking them from the LRU would
+        evict cached prefixes a plain run keeps, so only the free list (and the last block's spare slots) count.
+        """
+        self._require_seq(seq_id)
+        length, free = self.seq_lens[seq_id], len(self._free)
+        k = max(0, want)
+        while k > 0 and self._append_cost(seq_id, length + k) > free:
+            k -= 1
+        return k
+
+    def rollback(self, seq_id: int, num_tokens: int) -> list[int]:
+        """Shrink seq_id to num_tokens after a speculative round; returns the blocks released.
+
+        Like ``truncate``, but a released block that nobody else holds goes back to the *front* of the free
+        list, in the order it was taken, so the pool is exactly as if the reservation had never been made:
+        block tables, refcounts and the next blocks handed out equal those of a plain run at this length.
+        """
+        self._require_seq(seq_id)
+        if not 0 <= num_tokens <= self.seq_lens[seq_id]:
+            raise ValueError(f"cannot roll sequence of {self.seq_lens[seq_id]} back to {num_tokens}")
+        table = self.block_tables[seq_id]
+        keep = self.blocks_needed(num_tokens)
+        dropped = table[keep:]
+        del table[keep:]
+        for block in reversed(dropped):  # last taken goes back first, so the first taken ends up in front
+            self._refcounts[block] -= 1
+            if self._refcounts[block] == 0:
+                if self._block_hash[block] is not None:
+                    self._evictable[block] = None
+                else:
+                    self._free.appendleft(block)
+        self.seq_lens[seq_id] = num_tokens
+        del self._seq_hashes[seq_id][num_tokens // self.block_size:]
+        return dropped
+
     def free(self, seq_id: int) -> None:
         """Release every block of seq_id and forget the sequence."""
         self._require_seq(seq_id)

@@ -267,10 +267,12 @@ class Model:
     # ---- the forward --------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, seqs: list[SeqInput], kv: KVStorage, capture: Capture | None = None,
-                capture_seqs: set[int] | None = None):
+                capture_seqs: set[int] | None = None, exit_layer: int | None = None):
         """Run the new tokens of `seqs`; write their K/V into `kv`; return (logits rows, captures).
 
         logits: float32 [sum(logits_rows), vocab] in sequence order. captures: {seq index: SeqCapture}.
+        exit_layer: run only the first `exit_layer` layers, then the final norm and head (the early-exit
+        drafter of speculative decoding); only those layers' K/V are written.
         """
         spec, dev = self.spec, self.device
         H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
@@ -301,7 +303,8 @@ class Model:
             for i, c in caps.items():
                 c.embeddings = x[offsets[i]:offsets[i + 1]].float().clone()
 
-        for li, layer in enumerate(self.layers):
+        layers = self.layers if exit_layer is None else self.layers[:exit_layer]
+        for li, layer in enumerate(layers):
             h = self.rms_norm(x, layer["in_norm"])
             qkv = layer["qkv"](h)
             # q and k heads side by side get their rotation in one pass

@@ -46,6 +46,8 @@ class Sequence:
     preemptions: int = 0
     parent_id: int | None = None
     last_sampling: tuple | None = None  # (logits, prompt_ids, output_ids, u) of the last traced draw
+    spec: object = None  # engine.speculative.SpecState when the request speculates
+    spec_k: int = 0  # drafts the next decode step may verify (the engine keeps it within max_tokens/context)
 
     @property
     def token_ids(self) -> list[int]:
@@ -66,6 +68,7 @@ class ScheduledSeq:
     seq: Sequence
     num_new: int  # tokens processed this step, from seq.num_computed
     admitted: bool = False
+    num_lookahead: int = 0  # extra slots reserved for speculative drafts after the pending token
 
     @property
     def samples(self) -> bool:
@@ -150,4 +153,18 @@ class Scheduler:
             n = min(seq.num_tokens - seq.num_computed, budget)
             scheduled.append(ScheduledSeq(seq, n, admitted=True))
             budget -= n
+
+        # 3. speculative lookahead, from what the plain schedule left: leftover budget and truly free blocks
+        #    (never evicting a cached prefix), so speculation cannot change whom this step serves or preempts
+        for item in scheduled:
+            seq = item.seq
+            if seq.spec_k <= 0 or budget <= 0 or item.admitted or item.num_new != 1 or not item.samples \
+                    or not seq.output_ids or seq.forced_token is not None:
+                continue
+            want = min(seq.spec_k, budget, seq.params.max_tokens - len(seq.output_ids) - 1)
+            k = self.blocks.lookahead_capacity(seq.seq_id, want) if want > 0 else 0
+            if k:
+                self.blocks.append(seq.seq_id, self.blocks.seq_lens[seq.seq_id] + k)
+                item.num_lookahead = k
+                budget -= k
         return SchedulerOutput(scheduled, preempted)
