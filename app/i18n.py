@@ -67,6 +67,19 @@ UI = {
     "nobody_presents": {"en": "Nobody is presenting", "ru": "Сейчас никто не ведёт лекцию"},
     "viewers": {"en": "viewers", "ru": "зрителей"},
     "tour": {"en": "Guided tour", "ru": "Экскурсия"},
+    "spec_box": {"en": "Speculative decoding", "ru": "Спекулятивное декодирование"},
+    "spec_on": {"en": "Draft and verify (applies to new requests)", "ru": "Черновик и проверка (для новых запросов)"},
+    "spec_method": {"en": "Drafter", "ru": "Черновик"},
+    "spec_k": {"en": "Draft tokens k", "ru": "Токенов в черновике k"},
+    "spec_exit": {"en": "Early-exit layer L", "ru": "Слой раннего выхода L"},
+    "spec_adaptive": {"en": "Adaptive k", "ru": "Адаптивное k"},
+    "spec_first": {"en": "Turn speculative decoding on first.", "ru": "Сначала включите спекулятивное декодирование."},
+    "spec_no_prompt": {"en": "Start a request first (press Step).", "ru": "Сначала запустите запрос («Шаг»)."},
+    "spec_measure": {"en": "Measure speedup vs plain", "ru": "Измерить ускорение"},
+    "spec_measured": {"en": "Measured on this prompt: {spec:.1f} tok/s with drafting vs {plain:.1f} tok/s plain "
+                            "({x:.2f}×); identical tokens: {same}.",
+                      "ru": "Измерено на этом запросе: {spec:.1f} ток/с с черновиком против {plain:.1f} ток/с без "
+                            "него ({x:.2f}×); токены совпали: {same}."},
     "tour_intro": {"en": "A walk through the eight stages on the live engine: each step runs the engine as "
                          "needed and takes you to its panel.",
                    "ru": "Прогулка по восьми этапам на живом движке: каждый шаг при необходимости запускает "
@@ -161,6 +174,17 @@ PANELS = [
             "токен на последовательность за проход и упирается в скорость чтения весов из памяти. Roofline "
             "построен по измеренной пропускной способности и скорости умножения матриц этой машины; каждый шаг — "
             "точка. Время — время работы движка."}),
+    ("speculative", {"en": "9 · Speculative decoding", "ru": "9 · Спекулятивное декодирование"},
+     {"en": "A cheap drafter guesses k tokens; the model checks all of them in ONE forward pass. Each draft x is "
+            "kept when a uniform u ≤ p(x)/q(x) (p: the model, q: the drafter); at the first rejection a token is "
+            "drawn from the leftover max(p − q, 0), and if all pass the model adds a bonus token. The output has "
+            "exactly the model's distribution, yet one pass can yield up to k+1 tokens; rejected drafts' KV "
+            "slots are rolled back.",
+      "ru": "Дешёвый черновик угадывает k токенов; модель проверяет их все за ОДИН проход. Токен x черновика "
+            "принимается, если равномерное u ≤ p(x)/q(x) (p — модель, q — черновик); при первом отказе токен "
+            "берётся из остатка max(p − q, 0), а если приняты все — модель добавляет бонусный токен. Выход имеет "
+            "в точности распределение модели, но один проход даёт до k+1 токенов; KV-слоты отвергнутых токенов "
+            "откатываются."}),
 ]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import json
 
-from .charts import attention, detok, embeddings, kv_cache, logits, sampling, timeline, tokens
+from .charts import attention, detok, embeddings, kv_cache, logits, sampling, speculative, timeline, tokens
 from .charts.common import empty
 from .i18n import PANELS, t
 from .panels import kv as kv_panel
@@ -21,7 +21,8 @@ from .session import LabView
 CHART_IDS = ["chart-bytes", "chart-pca", "chart-neighbours", "chart-attention", "chart-heads", "chart-entropy",
              "chart-lens", "chart-logits", "chart-perplexity", "chart-sampling", "chart-cdf", "chart-detok",
              "chart-kv-pool", "chart-kv-tables", "chart-kv-memory", "chart-timeline", "chart-latency",
-             "chart-roofline"]
+             "chart-roofline", "chart-spec-rounds", "chart-spec-pq", "chart-spec-alpha", "chart-spec-pass",
+             "chart-spec-speedup"]
 
 # which chart containers sit in which panel (the page layout and the tests both use this)
 PANEL_CHARTS = {
@@ -33,6 +34,7 @@ PANEL_CHARTS = {
     "detok": ["chart-detok"],
     "kv": ["chart-kv-pool", "chart-kv-tables", "chart-kv-memory"],
     "timeline": ["chart-timeline", "chart-roofline", "chart-latency"],
+    "speculative": ["chart-spec-rounds", "chart-spec-pq", "chart-spec-alpha", "chart-spec-pass", "chart-spec-speedup"],
 }
 PANEL_HTML = {
     "template": ["html-template", "html-tokens", "html-bpe"],
@@ -174,6 +176,14 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
                  lambda: timeline.roofline_chart(events, machine["bandwidth"], machine["peak_flops"], lang))
     else:
         figs.put("chart-roofline", lambda: empty("", "measuring this machine…", "chart-roofline"))
+
+    # 9 · speculative decoding: the focused sequence's rounds, its latest round, its running stats
+    spec = next((se.spec for ev in reversed(events) for se in ev.seqs if se.seq_id == sid and se.spec), None)
+    figs.put("chart-spec-rounds", lambda: speculative.rounds_timeline(events, sid, lang))
+    figs.put("chart-spec-pq", lambda: speculative.pq_chart(spec, lang=lang))
+    figs.put("chart-spec-alpha", lambda: speculative.acceptance_chart(spec, lang))
+    figs.put("chart-spec-pass", lambda: speculative.tokens_per_pass_chart(spec, lang))
+    figs.put("chart-spec-speedup", lambda: speculative.speedup_chart(getattr(s, "spec_comparison", None), lang))
     return {"figs": dict(figs), "html": htmls}
 
 

@@ -69,7 +69,9 @@ class LabSession:
     lock: threading.RLock = field(default_factory=threading.RLock)
     running: bool = False  # a Run loop is active (Pause clears it)
     what_if: dict | None = None  # the focused sequence's chain recomputed for new slider values, until a step
-    sent_html: dict = field(default_factory=dict)  # the HTML pieces the page already shows (sent only on change)
+    sent_html: dict = field(default_factory=dict)
+    speculative: object = None  # engine.SpeculativeConfig for the requests this tab starts next (None: plain)
+    spec_comparison: dict | None = None  # the last measured speculative-vs-plain run (engine.speculative)  # the HTML pieces the page already shows (sent only on change)
     # step number -> the small view state right after that step (focus, each sequence's token ids): what a
     # replayed trace needs to draw the same panels without a tokenizer or KV state (app/trace.py)
     views: dict[int, dict] = field(default_factory=dict)
@@ -91,7 +93,8 @@ class LabSession:
         system = system if (chat and system and system.strip()) else None
         rendered = render_prompt(self.engine.tokenizer, prompt, chat=chat, system=system)
         with self.lock:
-            rid = self.engine.add_request(prompt_ids=rendered.token_ids, prompt=rendered.text, params=params)
+            rid = self.engine.add_request(prompt_ids=rendered.token_ids, prompt=rendered.text, params=params,
+                                          speculative=self.speculative)
             self.requests[rid] = RequestInfo(rid, prompt, chat, system, rendered.text, rendered.spans,
                                              list(rendered.token_ids))
             if self.focus is None or self.engine.sequences[self.focus].status is Status.FINISHED:

@@ -403,6 +403,17 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
                     pause_btn = gr.Button(t("pause", "en"), elem_id="pause")
                     reset_btn = gr.Button(t("reset", "en"), variant="stop", elem_id="reset")
                 add_btn = gr.Button(t("add", "en"), elem_id="add_request", size="sm")
+                with gr.Accordion(t("spec_box", "en"), open=False, elem_id="speculative") as spec_acc:
+                    spec_on = gr.Checkbox(value=False, label=t("spec_on", "en"), elem_id="spec_on")
+                    spec_method = gr.Radio(["ngram", "early_exit", "draft"], value="ngram",
+                                           label=t("spec_method", "en"), elem_id="spec_method")
+                    with gr.Row():
+                        spec_k = gr.Slider(1, 8, value=4, step=1, label=t("spec_k", "en"), elem_id="spec_k")
+                        # SmolLM2 was not trained for early exit: only its last layers agree with the full model
+                        spec_exit = gr.Slider(1, 29, value=29, step=1, label=t("spec_exit", "en"),
+                                              elem_id="spec_exit")
+                    spec_adaptive = gr.Checkbox(value=False, label=t("spec_adaptive", "en"), elem_id="spec_adaptive")
+                    spec_measure = gr.Button(t("spec_measure", "en"), elem_id="spec_measure", size="sm")
                 temperature = gr.Slider(0, 2, value=0.7, step=0.05, label=t("temperature", "en"), elem_id="temperature")
                 top_k = gr.Slider(0, 200, value=0, step=1, label=t("top_k", "en"), elem_id="top_k")
                 top_p = gr.Slider(0.01, 1, value=1.0, step=0.01, label=t("top_p", "en"), elem_id="top_p")
@@ -521,6 +532,11 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
             h.seq_choices, None, focus, show_progress="hidden")
         export_btn.click(tools.export_chart, [export_chart, export_fmt, lang, layer, head, word, npos],
                          [download, payload])
+        spec_inputs = [spec_on, spec_method, spec_k, spec_exit, spec_adaptive, lang]
+        for ctl in (spec_on, spec_method, spec_adaptive, spec_k, spec_exit):
+            ctl.change(tools.spec_settings, spec_inputs, payload, show_progress="hidden",
+                       trigger_mode="always_last")
+        spec_measure.click(tools.spec_measure, view_inputs, payload)
         calc_inputs = [c_model, c_dtype, c_context, c_batch, c_gpu, c_alpha, c_k, c_cost, lang, visible]
         for ctl in (c_model, c_dtype, c_gpu):
             ctl.input(tools.calculators, calc_inputs, payload, show_progress="hidden")
@@ -533,13 +549,18 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
             tools.calculators, calc_inputs, payload, show_progress="hidden")
         lang.change(lambda lg: [gr.update(label=calc.CALC_TEXT["labels"][k][lg]) for k in
                                 ("model", "dtype", "gpu", "context", "batch", "alpha", "k", "draft_cost")] +
-                    [gr.update(label=t("tour", lg)), gr.update(value=t("tour_start", lg)),
+                    [gr.update(label=t("spec_box", lg)), gr.update(label=t("spec_on", lg)),
+                     gr.update(label=t("spec_method", lg)), gr.update(label=t("spec_k", lg)),
+                     gr.update(label=t("spec_exit", lg)), gr.update(label=t("spec_adaptive", lg)),
+                     gr.update(value=t("spec_measure", lg)),
+                     gr.update(label=t("tour", lg)), gr.update(value=t("tour_start", lg)),
                      gr.update(value=t("tour_back", lg)), gr.update(value=t("tour_next", lg)),
                      gr.update(label=t("trace_box", lg)), gr.update(value=t("trace_export", lg)),
                      gr.update(label=t("trace_load", lg)), gr.update(label=t("chart", lg)),
                      gr.update(label=t("format", lg)), gr.update(value=t("export_btn", lg)),
                      gr.update(label=t("download", lg))],
-                    lang, [c_model, c_dtype, c_gpu, c_context, c_batch, c_alpha, c_k, c_cost, tour_acc, tour_start,
+                    lang, [c_model, c_dtype, c_gpu, c_context, c_batch, c_alpha, c_k, c_cost, spec_acc, spec_on,
+                           spec_method, spec_k, spec_exit, spec_adaptive, spec_measure, tour_acc, tour_start,
                            tour_back, tour_next, trace_acc, trace_export, trace_load, export_chart, export_fmt,
                            export_btn, download])
         examples.click(lambda x: x[0], examples, prompt)

@@ -14,6 +14,9 @@ import gradio as gr
 
 from . import calculators as calc
 from . import render
+from engine import SpeculativeConfig
+from engine.speculative import compare_with_plain
+
 from .export import chart_file
 from .i18n import t
 from .tour import apply_action, load_tour
@@ -81,6 +84,48 @@ class ToolHandlers:
                 "html-message": render.message_html(t("export_done", lang).format(name=path.name))}})
         except Exception as exc:  # noqa: BLE001
             return None, self.lab._error(exc, lang)
+
+    # ---- speculative decoding ---------------------------------------------------------------------
+    def spec_settings(self, on, method, k, exit_layer, adaptive, lang, request: gr.Request = None):
+        """The drafter for the requests this tab starts next (a running request keeps its own)."""
+        try:
+            s = self.lab._session(request)
+            if isinstance(s, ReplaySession):
+                return gr.skip()
+            if not on:
+                s.speculative = None
+                return gr.skip()
+            method = method or "ngram"
+            s.speculative = SpeculativeConfig(
+                method, num_tokens=int(k), adaptive=bool(adaptive),
+                exit_layer=int(exit_layer) if method == "early_exit" else None,
+                draft_model=self.lab.holder.source if method == "draft" else None)
+            return gr.skip()
+        except Exception as exc:  # noqa: BLE001
+            return self.lab._error(exc, lang)
+
+    def spec_measure(self, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        """Run the focused request's prompt plain and with the chosen drafter in fresh sessions; tok/s of each."""
+        view = (lang, layer, head, word, npos, visible)
+        try:
+            s = self.lab._session(request)
+            if isinstance(s, ReplaySession):
+                raise ValueError(t("tour_replay", lang))
+            if s.speculative is None:
+                raise ValueError(t("spec_first", lang))
+            if s.focus is None or s.focus not in s.requests:
+                raise ValueError(t("spec_no_prompt", lang))
+            req = s.requests[s.focus]
+            params = s.engine.sequences[s.focus].params
+            cmp = compare_with_plain(s.engine, req.token_ids, params, s.speculative,
+                                     max_tokens=min(48, params.max_tokens))
+            s.spec_comparison = cmp
+            msg = t("spec_measured", lang).format(spec=cmp["speculative"]["tok_s"] or 0,
+                                                  plain=cmp["plain"]["tok_s"] or 0, x=cmp["speedup"] or 0,
+                                                  same=cmp["same_tokens"])
+            return self.lab._payload(s, view, msg)
+        except Exception as exc:  # noqa: BLE001
+            return self.lab._error(exc, lang)
 
     # ---- calculators ------------------------------------------------------------------------------
     def live_preset(self):

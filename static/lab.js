@@ -150,7 +150,13 @@
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
     const base = location.pathname.replace(/\/[^/]*$/, "");
     socket = new WebSocket(`${proto}//${location.host}${base}/ws/lab?client=${encodeURIComponent(clientId)}`);
-    socket.onopen = () => { state.socket = "open"; syncVisible(); };
+    socket.onopen = () => {
+      // after a reconnect a payload may have been lost on the old socket: ask for the current state
+      const reconnected = state.socket === "closed";
+      state.socket = "open";
+      syncVisible();
+      if (reconnected) setTimeout(() => click("refresh"), 200);
+    };
     socket.onmessage = (m) => {
       const msg = JSON.parse(m.data);
       if (msg.type === "payload") render(msg.payload);

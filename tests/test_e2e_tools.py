@@ -161,3 +161,45 @@ def test_exported_trace_replays_in_the_page(lab, tmp_path):
     ensure_drawn(page, "chart-timeline")
     assert chart_data(page, "chart-timeline") == live_timeline
     page.close()
+
+
+def test_speculative_panel_shows_accepted_and_rejected_drafts(lab):
+    url, app, b = lab
+    page = open_lab(b, url)
+    open_accordion(page, "speculative")
+    page.click("#spec_method label:has-text('early_exit')")
+    page.fill("#spec_exit input[type=number]", "29")
+    page.press("#spec_exit input[type=number]", "Enter")
+    page.check("#spec_on input[type=checkbox]")
+    session = max(app.state.registry.sessions.values(), key=lambda s: s.last_used)
+    deadline = time.time() + 20
+    while (session.speculative is None or session.speculative.exit_layer != 29) and time.time() < deadline:
+        time.sleep(0.2)
+    assert session.speculative.method == "early_exit" and session.speculative.exit_layer == 29
+    page.fill("#prompt textarea", "Что такое гравитация?")
+    page.fill("#temperature input[type=number]", "0")
+    page.press("#temperature input[type=number]", "Enter")
+    verdicts = {}
+    for _ in range(14):
+        click_and_wait(page, "#step")
+        for ev in session.events:
+            for se in ev.seqs:
+                for d in (se.spec or {}).get("draft", []):
+                    verdicts[(ev.step, d["position"])] = d["verdict"]
+        if {"accepted", "rejected"} <= set(verdicts.values()):
+            break
+    assert {"accepted", "rejected"} <= set(verdicts.values()), verdicts  # greedy α ≈ 0.3 at layer 29: both occur
+    ensure_drawn(page, "chart-spec-rounds")
+    traces = {t["name"]: t for t in chart_data(page, "chart-spec-rounds")}
+    from app.charts.speculative import _t
+
+    names = _t("en")["kinds"]
+    for kind in ("accepted", "rejected"):
+        want = sum(1 for v in verdicts.values() if v == kind)
+        assert len(traces[names[kind]]["x"]) == want, kind
+    for cid in ("chart-spec-pq", "chart-spec-alpha", "chart-spec-pass"):
+        ensure_drawn(page, cid)
+    page.evaluate("() => document.getElementById('panel-speculative').scrollIntoView()")
+    time.sleep(0.5)
+    page.locator("#panel-speculative").screenshot(path=str(SCREENSHOTS / "speculative.png"))
+    page.close()
