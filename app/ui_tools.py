@@ -136,6 +136,7 @@ class ToolHandlers:
         try:
             p = calc.calculator_payload(model, dtype, context, batch, gpu, alpha, k, draft_cost, lang,
                                         self.live_preset(), self.lab.holder.machine or None)
+            p["kind"] = "calc"  # lab.js counts these apart from the lab's own renders (tests wait on those)
             return self.lab._deliver(p, _client(visible))
         except Exception as exc:  # noqa: BLE001
             return self.lab._error(exc, lang)

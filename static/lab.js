@@ -134,6 +134,7 @@
     const staleInView = [...visible].some((id) => state.stale[id]);
     state.refreshes = staleInView ? (state.refreshes || 0) + 1 : 0;
     if (staleInView && state.refreshes <= 3) syncVisible();
+    if (p.kind === "calc") { state.calcRenders = (state.calcRenders || 0) + 1; return; }
     state.renders += 1;
     state.lastRender = performance.now();
     document.body.dataset.ilRenders = String(state.renders);

@@ -133,7 +133,7 @@ def test_calculators_draw_the_formulas_numbers(lab):
     page.evaluate("() => window.inferlab.flush()")
     time.sleep(1)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.locator("#panel-calculators").screenshot(path=str(SCREENSHOTS / "calculators.png"))
+    page.locator("#panel-calculators").first.screenshot(path=str(SCREENSHOTS / "calculators.png"))
     page.close()
 
 
