@@ -119,7 +119,10 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
 
     def lecture_frame(s, view):
         lang, layer, head, word, npos = view
-        return render.build_payload(s, lang, layer, head, word, npos, holder.machine, None, "", "info", only=None)
+        frame = render.build_payload(s, lang, layer, head, word, npos, holder.machine, None, "", "info", only=None)
+        if getattr(s, "tour", None):
+            frame["tour"] = s.tour  # viewers' pages follow the presenter's guided tour
+        return frame
 
     lecture = Lecture(hub, lecture_frame)
     presenter = PresenterSocket(hub, lecture, registry)

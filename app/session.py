@@ -71,7 +71,8 @@ class LabSession:
     what_if: dict | None = None  # the focused sequence's chain recomputed for new slider values, until a step
     sent_html: dict = field(default_factory=dict)
     speculative: object = None  # engine.SpeculativeConfig for the requests this tab starts next (None: plain)
-    spec_comparison: dict | None = None  # the last measured speculative-vs-plain run (engine.speculative)  # the HTML pieces the page already shows (sent only on change)
+    spec_comparison: dict | None = None  # the last measured speculative-vs-plain run (engine.speculative)
+    tour: dict | None = None  # the guided tour's current step {"panel", "index", "at"} (shown to lecture viewers)  # the HTML pieces the page already shows (sent only on change)
     # step number -> the small view state right after that step (focus, each sequence's token ids): what a
     # replayed trace needs to draw the same panels without a tokenizer or KV state (app/trace.py)
     views: dict[int, dict] = field(default_factory=dict)

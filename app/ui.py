@@ -497,7 +497,10 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
         full = [prompt, chat, system, *sampling_inputs, *view_inputs]
 
         payload.change(None, [payload], None, js=RENDER_JS)
-        step_ev = step_btn.click(h.step, full, payload, concurrency_limit=None, show_progress="hidden")
+        # every click is one step: the payload arrives over the websocket before Gradio finishes the event and
+        # its .then(), so the default trigger_mode ("once") would drop a quick second click
+        step_ev = step_btn.click(h.step, full, payload, concurrency_limit=None, show_progress="hidden",
+                                 trigger_mode="multiple")
         step_ev.then(h.seq_choices, None, focus, show_progress="hidden")
         run_ev = run_btn.click(h.run, full, payload, show_progress="hidden")
         run_ev.then(h.seq_choices, None, focus, show_progress="hidden")

@@ -197,8 +197,10 @@ class ToolHandlers:
             box = (f'<div class="il-tour-step"><div class="il-tour-count">{new + 1} / {len(self.tour)}</div>'
                    f'<h4>{html.escape(step.title[lang])}</h4><p>{html.escape(step.text[lang])}</p>'
                    f'<p class="il-tour-note">{html.escape(note)}</p></div>')
+            # lab.js scrolls to the panel and outlines it (once per click: "at"); lecture viewers follow along
+            s.tour = {"panel": step.panel, "index": new, "at": time.time()}
             out = self.lab._payload_dict(s, view, note)
-            out["tour"] = {"panel": step.panel, "index": new}  # lab.js scrolls to the panel and highlights it
+            out["tour"] = s.tour
             return self.lab._deliver(out, _client(visible)), box
         except Exception as exc:  # noqa: BLE001
             return self.lab._error(exc, lang), gr.skip()

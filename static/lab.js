@@ -126,7 +126,7 @@
       observe(el);
       if (isVisible(el)) draw(id);  // off-screen charts are drawn when scrolled into view
     }
-    if (p.tour) showTourPanel(p.tour.panel);
+    if (p.tour && p.tour.at !== state.tourAt) { state.tourAt = p.tour.at; showTourPanel(p.tour.panel); }
     state.renderStart = tStart;
     bindTokenClicks();
     // a payload built while the view was changing may leave a chart in view stale: ask for it (bounded, so a
