@@ -136,11 +136,18 @@ def test_pq_chart_bonus_panel_and_empty_states(run):
     p_bars = [t for t in fig["data"] if t["name"] == tx["p"]]
     q_bars = [t for t in fig["data"] if t["name"] == tx["q"]]
     assert len(p_bars) == sp["num_drafted"] + 1 and len(q_bars) == sp["num_drafted"]  # the bonus has no q
-    assert p_bars[-1]["y"] == sp["dists"][-1]["p"]
+    # tokens with no mass in p or q (and not the draft) are left out: they say nothing
+    def kept(d):
+        return [i for i, t in enumerate(d["token_ids"])
+                if t == d.get("draft") or d["p"][i] > 0 or (d.get("q") is not None and d["q"][i] > 0)]
+
+    last = sp["dists"][-1]
+    assert p_bars[-1]["y"] == [last["p"][i] for i in kept(last)]
     assert tx["bonus_pos"] in fig["layout"]["annotations"][-1]["text"]
     # q of a prompt-lookup draft is one-hot at the drafted token
     d = sp["dists"][0]
-    assert q_bars[0]["y"] == [1.0 if t == d["draft"] else 0.0 for t in d["token_ids"]]
+    assert q_bars[0]["y"] == [1.0 if d["token_ids"][i] == d["draft"] else 0.0 for i in kept(d)]
+    assert 1.0 in q_bars[0]["y"]
     no_drafts = next(sp for _, sp in rounds_of(events, b) if sp["num_drafted"] == 0) \
         if any(sp["num_drafted"] == 0 for _, sp in rounds_of(events, b)) else {"num_drafted": 0}
     assert SC.pq_chart(no_drafts)["layout"]["annotations"][0]["text"] == SC.TEXT["en"]["no_pq"]

@@ -255,6 +255,13 @@ def pq_panels(spec: dict | None) -> list[dict]:
             panel.update(token_ids=list(residual["token_ids"]), texts=list(residual["texts"]), p=list(residual["p"]),
                          q=list(residual["q"]), residual=list(residual["residual"]))
         panels.append(panel)
+    for pn in panels:  # tokens with no mass anywhere (greedy one-hot rows) say nothing: keep the others
+        keep = [i for i, t in enumerate(pn["token_ids"])
+                if t == pn["draft"] or any(v is not None and v[i] > 0 for v in (pn["p"], pn["q"], pn["residual"]))]
+        if keep and len(keep) < len(pn["token_ids"]):
+            for key in ("token_ids", "texts", "p", "q", "residual"):
+                if pn[key] is not None:
+                    pn[key] = [pn[key][i] for i in keep]
     if not panels and residual is not None:  # untraced step: the residual is still recorded
         pos = int(residual["position"])
         d = drafts.get(pos, {})
@@ -312,9 +319,9 @@ def pq_chart(spec: dict | None, step: int | None = None, lang: str = "en") -> di
         annotations.append(dict(text=sub, x=x0 + width / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
                                 yanchor="bottom", showarrow=False, font=dict(size=11)))
     title = tx["pq_title"].format(step=step) if step is not None else tx["pq_title_nostep"]
-    lay = layout(plot_text(title), UIREV_PQ, barmode="group", bargap=0.2, showlegend=True, height=340,
-                 margin=dict(l=55, r=20, t=95, b=80), annotations=annotations,
-                 legend=dict(orientation="h", x=1, xanchor="right", y=1.2, yanchor="bottom", font=dict(size=10)),
+    lay = layout(plot_text(title), UIREV_PQ, barmode="group", bargap=0.2, showlegend=True, height=370,
+                 margin=dict(l=55, r=20, t=95, b=110), annotations=annotations,
+                 legend=dict(orientation="h", x=0, xanchor="left", y=-0.42, yanchor="top", font=dict(size=10)),
                  **axes)
     return figure(data, lay)
 
