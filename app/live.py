@@ -230,9 +230,9 @@ class Lecture:
             self._thread.start()
 
     def _work(self) -> None:
+        # one long-lived daemon thread: exiting when idle would race with changed() starting a new one
         while True:
-            if not self._dirty.wait(timeout=30):
-                return  # idle: the thread ends and the next change starts one
+            self._dirty.wait()
             self._dirty.clear()
             s = self.session
             if s is None:
@@ -248,12 +248,18 @@ class Lecture:
                     elif self.sent_step != -1:
                         self.sent_step = -1
                         summaries = [{"reset": True}]
-                    frame = self.build_frame(s, self.view) if self.hub.viewers else None
+                    frame = None
+                    if self.hub.viewers:
+                        try:
+                            frame = self.build_frame(s, self.view)
+                            frame["step"] = s.events[-1].step if s.events else None
+                        except Exception:  # noqa: BLE001 - the events still go out; the console keeps the cause
+                            log.exception("lecture frame failed")
                 if frame is None:
                     self.hub.latest_frame = None  # out of date now: the next viewer to join asks for a new one
                 self.hub.broadcast(summaries, frame)
-            except Exception:  # noqa: BLE001 - a frame that cannot be built must not stop the lecture
-                log.exception("lecture frame failed")
+            except Exception:  # noqa: BLE001 - nothing may stop the lecture thread
+                log.exception("lecture broadcast failed")
 
 
 def event_summary(ev) -> dict:

@@ -33,6 +33,7 @@
       } else if (msg.type === "frame") {
         st.frames += 1;
         st.frame = msg.n;
+        st.frameStep = msg.payload.step;  // the presenter's step this frame shows
         window.inferlab.render(msg.payload);
         document.body.dataset.followFrames = String(st.frames);
       } else if (msg.type === "resync") {

@@ -102,7 +102,9 @@
   }
 
   function flush() {  // draw everything now (screenshots, tests)
-    for (const id of Object.keys(state.pending)) draw(id);
+    for (const id of Object.keys(state.pending)) {
+      try { draw(id); } catch (err) { console.error("inferlab: drawing " + id + " failed", err); }
+    }
   }
 
   function render(payload) {

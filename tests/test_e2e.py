@@ -45,6 +45,14 @@ def test_step_draws_every_panel(lab):
     registry = app.state.registry
     session = next(iter(registry.sessions.values()))
     seq = session.engine.sequences[session.focus]
+    import time
+
+    deadline = time.time() + 30
+    while len(seq.output_ids) < 4 and time.time() < deadline:  # a render can also come from a view refresh
+        time.sleep(0.1)
+    before = renders(page)  # and the page shows that state (the hidden refresh button, as lab.js presses it)
+    page.evaluate("() => document.querySelector('#refresh').click()")
+    page.wait_for_function(f"() => window.inferlab.state.renders > {before}", timeout=30000)
     assert len(seq.output_ids) == 4  # the prefill step samples the first token, then 3 decode steps
     stream = page.inner_text("#html-stream")
     assert seq.detok.text.strip()[:10] in stream

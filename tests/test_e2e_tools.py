@@ -48,21 +48,37 @@ def test_follower_sees_the_presenters_charts(lab):
     assert "presenting" in page.inner_text("#html-message")
 
     viewer = b.new_page(viewport={"width": 1400, "height": 1000})
+    errors = []
+    viewer.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     viewer.goto(url + "/follow")
     assert viewer.locator("#step").count() == 0 and viewer.locator("input").count() == 0  # nothing to drive
     assert TOKEN not in viewer.content()
     for _ in range(3):
         click_and_wait(page, "#step")
     session = app.state.lecture.session
+    deadline = time.time() + 30
+    while len(session.events) < 3 and time.time() < deadline:  # a render can also come from a view refresh
+        time.sleep(0.1)
+    assert len(session.events) == 3
     last_step = session.events[-1].step
-    viewer.wait_for_function(f"() => (window.inferlabFollow || {{}}).lastStep === {last_step}", timeout=30000)
+    try:
+        viewer.wait_for_function(f"() => (window.inferlabFollow || {{}}).lastStep === {last_step}", timeout=30000,
+                                 polling=250)
+        viewer.wait_for_function(f"() => window.inferlabFollow.frameStep === {last_step}", timeout=30000,
+                                 polling=250)
+    except Exception:
+        hub = app.state.hub
+        raise AssertionError(f"follower state {viewer.evaluate('() => window.inferlabFollow')}; viewers "
+                             f"{hub.viewer_count}; frames {hub.frame_count}; latest "
+                             f"{(hub.latest_frame or '')[:80]}; sent_step {app.state.lecture.sent_step}; last step {last_step}; thread {app.state.lecture._thread}")
     # the frame after the last step: same numbers as the presenter's own charts
+    viewer.bring_to_front()  # a background page may not run its animation frames
     for cid in ("chart-logits", "chart-sampling", "chart-timeline"):
         ensure_drawn(page, cid)
         viewer.wait_for_function(
             """([id, n]) => { const el = document.getElementById(id); el.scrollIntoView({block: 'center'});
                 window.inferlab.flush();
-                return el.data && el.data.length > 0 && window.inferlabFollow.lastStep === n; }""",
+                return el.data && el.data.length > 0 && window.inferlabFollow.frameStep === n; }""",
             arg=[cid, last_step], timeout=30000)
         deadline = time.time() + 20
         while chart_data(viewer, cid) != chart_data(page, cid) and time.time() < deadline:
