@@ -37,6 +37,8 @@ def merge_payloads(old: dict, new: dict) -> dict:
     html = {**old.get("html", {}), **new.get("html", {})}
     stale = (set(old.get("stale", [])) - set(new.get("figs", {}))) | stale_new
     out = {**old, **new, "figs": figs, "html": html}
+    if old.get("op") and not new.get("op"):
+        out["op"] = old["op"]  # a step merged with a later refresh is still that step's payload
     if old.get("kind") != new.get("kind"):
         out.pop("kind", None)  # a merged lab + calculators payload is a lab render
     if stale or "stale" in old or "stale" in new:

@@ -101,7 +101,7 @@ class LabHandlers:
             return gr.skip()
         return render.dumps(p)
 
-    def _error(self, exc: Exception, lang: str) -> str:
+    def _error(self, exc: Exception, lang: str, op: str | None = None) -> str:
         if isinstance(exc, ValueError):
             text, kind = str(exc), "error"
         elif isinstance(exc, RuntimeError) and "loading" in str(exc):
@@ -109,7 +109,10 @@ class LabHandlers:
         else:
             log.error("handler failed:\n%s", traceback.format_exc())
             text, kind = f"Something went wrong ({type(exc).__name__}: {exc}). The session is still usable.", "error"
-        return render.dumps({"figs": {}, "html": {"html-message": render.message_html(text, kind)}, "t": time.time()})
+        p = {"figs": {}, "html": {"html-message": render.message_html(text, kind)}, "t": time.time()}
+        if op:
+            p["op"] = op
+        return render.dumps(p)
 
     @staticmethod
     def params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop) -> SamplingParams:
@@ -143,9 +146,11 @@ class LabHandlers:
             with s.lock:
                 self._start_or_update(s, prompt, chat, system, sampling_args)
                 s.step()
-                return self._payload(s, view, *self._status(s, lang))
+                p = self._payload_dict(s, view, *self._status(s, lang))
+                p["op"] = "step"  # lab.js counts step payloads apart (tests wait for the one their click caused)
+                return self._deliver(p, _client_id(visible))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message on the page
-            return self._error(exc, lang)
+            return self._error(exc, lang, op="step")
 
     def add(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
              lang, layer, head, word, npos, visible, request: gr.Request = None):

@@ -2,7 +2,7 @@
 // chart's zoom/pan (layout.uirevision) across steps, and wires clicks on charts/tokens to the controls.
 (function () {
   const state = { renders: 0, lastRender: 0, lastPayloadTime: 0, bound: new Set(), timings: {}, renderStart: 0,
-                  pending: {}, drawn: {}, stale: {} };
+                  pending: {}, drawn: {}, stale: {}, ops: {} };
 
   function setGradioValue(elemId, value) {
     // Gradio listens to 'input' events on its own <input>/<textarea>; set the value the way a user would.
@@ -137,6 +137,7 @@
     state.refreshes = staleInView ? (state.refreshes || 0) + 1 : 0;
     if (staleInView && state.refreshes <= 3) syncVisible();
     if (p.kind === "calc") { state.calcRenders = (state.calcRenders || 0) + 1; return; }
+    if (p.op) state.ops[p.op] = (state.ops[p.op] || 0) + 1;
     state.renders += 1;
     state.lastRender = performance.now();
     document.body.dataset.ilRenders = String(state.renders);

@@ -74,7 +74,15 @@ def renders(page) -> int:
 
 
 def click_and_wait(page, selector: str, timeout: float = 60000) -> None:
-    """Click a control and wait until the page has drawn the payload that click produced."""
+    """Click a control and wait until the page has drawn the payload that click produced.
+
+    A Step click waits for a step payload: a view refresh (lab.js asks for charts that scrolled into view)
+    is also a render and could otherwise end the wait before the step's own payload arrived."""
+    if "step" in selector and "tour" not in selector:
+        before = page.evaluate("() => window.inferlab.state.ops.step || 0")
+        page.click(selector)
+        page.wait_for_function(f"() => (window.inferlab.state.ops.step || 0) > {before}", timeout=timeout)
+        return
     before = renders(page)
     page.click(selector)
     page.wait_for_function(f"() => window.inferlab.state.renders > {before}", timeout=timeout)
