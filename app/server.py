@@ -52,9 +52,9 @@ class ModelHolder:
 
 
 def head_html() -> str:
-    return ('<script src="/static/plotly.min.js"></script>'
-            '<script src="/static/lab.js"></script>'
-            '<link rel="stylesheet" href="/static/lab.css">')
+    return ('<script src="/lab-static/plotly.min.js"></script>'
+            '<script src="/lab-static/lab.js"></script>'
+            '<link rel="stylesheet" href="/lab-static/lab.css">')
 
 
 def follow_html() -> str:
@@ -69,7 +69,7 @@ def follow_html() -> str:
             '<span id="follow-status" class="il-follow-status">connecting…</span>'
             '<span id="follow-last" class="il-follow-last"></span></header>'
             f'<main class="il-main">{panels_html()}</main>'
-            '<script src="/static/follow.js"></script></body></html>')
+            '<script src="/lab-static/follow.js"></script></body></html>')
 
 
 def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | None = None, base=None,
@@ -106,7 +106,7 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     app = FastAPI(title="InferLab")
     plotly_js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
-    @app.get("/static/plotly.min.js")
+    @app.get("/lab-static/plotly.min.js")
     def plotly_bundle():
         # one Plotly per page: ours, from the plotly package (no CDN: the lab must work offline)
         return FileResponse(plotly_js, media_type="application/javascript")
@@ -147,7 +147,8 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     def follow_page():
         return HTMLResponse(follow_html())
 
-    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+    # not "/static": Gradio serves its own fonts and scripts there, and a mount declared first would hide them
+    app.mount("/lab-static", StaticFiles(directory=str(STATIC)), name="lab-static")
     demo = build_demo(registry, holder, hub, lecture)
     app = gr.mount_gradio_app(app, demo, path="/", head=head_html(), theme=gr.themes.Soft(), ssr_mode=False)
     app.state.registry, app.state.holder, app.state.hub, app.state.lecture = registry, holder, hub, lecture
