@@ -30,6 +30,15 @@ class RequestInfo:
     token_ids: list[int]
 
 
+def last_seq_event(events: list[StepEvent], seq_id: int, with_sampling: bool = True):
+    """The newest (StepEvent, SeqEvent) of a sequence (with a sampling trace, unless told otherwise)."""
+    for ev in reversed(events):
+        s = ev.seq(seq_id)
+        if s is not None and (not with_sampling or s.sampling is not None):
+            return ev, s
+    return None, None
+
+
 class LabView(Protocol):
     """What app/render.py reads to draw the page: a live LabSession and a replayed trace both provide it.
 
@@ -191,11 +200,7 @@ class LabSession:
             return {"focus": self.focus, "seqs": seqs}
 
     def last_seq_event(self, seq_id: int, with_sampling: bool = True):
-        for ev in reversed(self.events):
-            s = ev.seq(seq_id)
-            if s is not None and (not with_sampling or s.sampling is not None):
-                return ev, s
-        return None, None
+        return last_seq_event(self.events, seq_id, with_sampling)
 
     def updated_params(self, params: SamplingParams) -> None:
         """New slider values apply to the focused sequence from its next step on."""

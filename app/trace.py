@@ -38,7 +38,7 @@ from engine.events import EVENT_VERSION, CaptureData, StepEvent
 from engine.tokenizer import token_info
 
 from .render import _default_word, prompt_words
-from .session import LabSession, RequestInfo
+from .session import LabSession, RequestInfo, last_seq_event
 
 FORMAT = "inferlab-trace"
 VERSION = 1
@@ -482,11 +482,7 @@ class ReplaySession:
         return [(int(i), str(text), float(c)) for i, text, c in rows[:k]]
 
     def last_seq_event(self, seq_id: int, with_sampling: bool = True):
-        for ev in reversed(self.events):
-            s = ev.seq(seq_id)
-            if s is not None and (not with_sampling or s.sampling is not None):
-                return ev, s
-        return None, None
+        return last_seq_event(self.events, seq_id, with_sampling)
 
     def info(self) -> dict:
         """A summary for the page: model, creation time, frames, and the requests with their parameters."""

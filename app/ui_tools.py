@@ -137,7 +137,7 @@ class ToolHandlers:
             p = calc.calculator_payload(model, dtype, context, batch, gpu, alpha, k, draft_cost, lang,
                                         self.live_preset(), self.lab.holder.machine or None)
             p["kind"] = "calc"  # lab.js counts these apart from the lab's own renders (tests wait on those)
-            return self.lab._deliver(p, _client(visible))
+            return self.lab._deliver(p, visible)
         except Exception as exc:  # noqa: BLE001
             return self.lab._error(exc, lang)
 
@@ -201,12 +201,7 @@ class ToolHandlers:
             s.tour = {"panel": step.panel, "index": new, "at": time.time()}
             out = self.lab._payload_dict(s, view, note)
             out["tour"] = s.tour
-            return self.lab._deliver(out, _client(visible)), box
+            return self.lab._deliver(out, visible), box
         except Exception as exc:  # noqa: BLE001
             return self.lab._error(exc, lang), gr.skip()
 
-
-def _client(visible):
-    from .ui import _client_id
-
-    return _client_id(visible)
