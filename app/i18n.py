@@ -89,6 +89,8 @@ UI = {
     "tour_back": {"en": "Back", "ru": "Назад"},
     "tour_replay": {"en": "The tour runs on the live engine: press Reset to leave the replayed trace first.",
                     "ru": "Экскурсия идёт на живом движке: сначала нажмите «Сброс», чтобы выйти из записи."},
+    "trace_hint": {"en": "A recorded trace can still be replayed: Trace & export → Load a trace.",
+                   "ru": "Записанную сессию всё равно можно воспроизвести: «Запись и экспорт» → «Открыть запись»."},
     "trace_box": {"en": "Trace & export", "ru": "Запись и экспорт"},
     "trace_export": {"en": "Export trace (JSON)", "ru": "Сохранить запись (JSON)"},
     "trace_load": {"en": "Load a trace", "ru": "Открыть запись"},

@@ -77,8 +77,13 @@ class LabHandlers:
         key = getattr(request, "session_hash", None) or "default"
         return self.registry.get(key)
 
-    def _payload(self, s, view, message="", kind="info", what_if=None):
-        return self._deliver(self._payload_dict(s, view, message, kind, what_if), _client_id(view[-1]))
+    def _payload(self, s, view, message="", kind="info", what_if=None, op=None):
+        """Build and deliver. `op` tags the payload with what caused it (lab.js counts "step" payloads: tests wait
+        for the one their click caused, since a view refresh is a render too)."""
+        p = self._payload_dict(s, view, message, kind, what_if)
+        if op:
+            p["op"] = op
+        return self._deliver(p, view[-1])
 
     def _payload_dict(self, s, view, message="", kind="info", what_if=None) -> dict:
         lang, layer, head, word, npos, visible = view
@@ -94,9 +99,12 @@ class LabHandlers:
             self.lecture.changed(s, (lang, int(layer or 0), int(head or 0), word or "", npos))
         return p
 
-    def _deliver(self, p: dict, client: str | None):
-        """Over this tab's websocket when it has one (fast), else as the payload component's new value."""
+    def _deliver(self, p: dict, visible):
+        """Over this tab's websocket when it has one (fast), else as the payload component's new value.
+
+        `visible`: the view state lab.js writes, which names the tab's websocket client."""
         p["t"] = time.time()
+        client = _client_id(visible)
         if client and self.hub is not None and self.hub.push_tab(client, p):
             return gr.skip()
         return render.dumps(p)
@@ -105,7 +113,9 @@ class LabHandlers:
         if isinstance(exc, ValueError):
             text, kind = str(exc), "error"
         elif isinstance(exc, RuntimeError) and "loading" in str(exc):
-            text, kind = t("loading", lang), "warn"
+            # no live session: either the model is still loading or it failed to (then say why; a trace still works)
+            text, kind = (f"{self.holder.error}. {t('trace_hint', lang)}", "error") if self.holder.error else \
+                (t("loading", lang), "warn")
         else:
             log.error("handler failed:\n%s", traceback.format_exc())
             text, kind = f"Something went wrong ({type(exc).__name__}: {exc}). The session is still usable.", "error"
@@ -146,9 +156,7 @@ class LabHandlers:
             with s.lock:
                 self._start_or_update(s, prompt, chat, system, sampling_args)
                 s.step()
-                p = self._payload_dict(s, view, *self._status(s, lang))
-                p["op"] = "step"  # lab.js counts step payloads apart (tests wait for the one their click caused)
-                return self._deliver(p, _client_id(visible))
+                return self._payload(s, view, *self._status(s, lang), op="step")
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message on the page
             return self._error(exc, lang, op="step")
 
@@ -212,7 +220,7 @@ class LabHandlers:
                 return gr.skip()  # nothing sampled yet: the sliders simply apply to the first step
             trace = s.engine.what_if(s.focus, self.params(*sampling_args))
             s.what_if = trace
-            return self._deliver(render.what_if_payload(s, trace, lang), _client_id(visible))
+            return self._deliver(render.what_if_payload(s, trace, lang), visible)
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 

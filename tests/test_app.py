@@ -166,5 +166,8 @@ def test_unknown_model_and_loading_state_are_messages():
     assert "Loading the model" in out["html"]["html-message"]
     holder.load(registry)
     assert not holder.ready and "No model directory" in holder.error
+    # once loading has failed, a Step says why instead of "loading"
+    out = json.loads(h.step(*args(), request=req()))
+    assert "No model directory" in out["html"]["html-message"] and "Load a trace" in out["html"]["html-message"]
     status_html = h.status("en")[0]
     assert "No model directory" in status_html and "Traceback" not in status_html
