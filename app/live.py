@@ -4,7 +4,9 @@ Two kinds of channels live here, both served on the app's one port (a Space expo
 
 * tab channels (`/ws/lab?client=ID`): the page's charts travel here instead of through a Gradio component,
   which cost ~250 ms per step for a large payload. Payloads are incremental (only charts in view, only changed
-  HTML), so a backlog is merged, never dropped.
+  HTML), so a backlog is merged, never dropped. Once a Gradio event has tied the channel to the tab's session
+  (bind_tab), the page sends Step here too: Gradio's own round trip and its busy indicators cost about as much
+  as the engine step itself on a 2-core machine.
 * viewer channels (`/ws/follow`): the presenter's step events (small, in order) and chart frames (large,
   latest wins). A slow viewer only ever holds one pending frame, so it cannot slow the presenter or anyone else.
 
@@ -53,6 +55,7 @@ class Channel:
         self.ws, self.role, self.key = ws, role, key
         self.messages: deque[str] = deque()
         self.frame = None  # str (viewer frame, latest wins) or dict (tab payload, merged)
+        self.session_key: str | None = None  # a tab's Gradio session, once a Gradio event tied them (bind_tab)
         self.wake = asyncio.Event()
         self.alive = True
         self.frames_sent = 0
@@ -121,6 +124,24 @@ class Hub:
         if ch is None or not ch.alive or self.loop is None:
             return False
         self.loop.call_soon_threadsafe(ch.offer_frame, payload)
+        return True
+
+    def bind_tab(self, client: str, session_key: str) -> None:
+        """Tie a tab's channel to its Gradio session (seen on a Gradio event that named the channel's client
+        id): from then on the page may send Step over this channel (tab_session). Only the server binds, so a
+        page can drive no session but its own; the first binding tells the page it may."""
+        ch = self.tabs.get(client)
+        if ch is None or not ch.alive or self.loop is None or ch.session_key == session_key:
+            return
+        ch.session_key = session_key
+        self.loop.call_soon_threadsafe(ch.send_message, json.dumps({"type": "bound"}))
+
+    def send_tab(self, client: str, message: dict) -> bool:
+        """A small ordered message to one tab (not a payload), e.g. a request to sync a Gradio control."""
+        ch = self.tabs.get(client)
+        if ch is None or not ch.alive or self.loop is None:
+            return False
+        self.loop.call_soon_threadsafe(ch.send_message, json.dumps(message, ensure_ascii=False))
         return True
 
     def broadcast(self, events: list[dict], frame: dict | None) -> None:

@@ -139,7 +139,8 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     figs.put("chart-attention", lambda: attention.attention_heatmap(events, sid, layer, head, texts, lang))
     figs.put("chart-heads", lambda: attention.attention_heads_grid(events, sid, layer, texts, lang, max_positions=32))
     figs.put("chart-entropy", lambda: attention.head_entropy_chart(events, sid, lang))
-    figs.put("chart-lens", lambda: attention.logit_lens_chart(events, sid, lang, texts=texts, max_positions=32))
+    # 16 columns: each cell's top token stays legible, and the cell texts are most of this chart's drawing time
+    figs.put("chart-lens", lambda: attention.logit_lens_chart(events, sid, lang, texts=texts, max_positions=16))
 
     # 4 · logits, 5 · sampling
     _, sev = s.last_seq_event(sid)

@@ -1,6 +1,7 @@
 """The ASGI app: static files first, then Gradio mounted at "/" (routes declared before the mount win)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -127,10 +128,17 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     lecture = Lecture(hub, lecture_frame)
     presenter = PresenterSocket(hub, lecture, registry)
 
+    handlers = []  # filled below, once the Gradio app (which owns the handlers) exists
+
+    async def tab_message(ch, data):
+        # a Step sent by the page itself; one at a time per tab, in the order clicked
+        if handlers:
+            await asyncio.to_thread(handlers[0].tab_message, ch.key, ch.session_key, data)
+
     @app.websocket("/ws/lab")
     async def tab_socket(ws: WebSocket, client: str = ""):
         # this tab's own payloads (see app/live.py); the client id is random per page load
-        await hub.serve(ws, "tab", key=client[:64])
+        await hub.serve(ws, "tab", key=client[:64], on_message=tab_message)
 
     async def read_only(ch, data):
         ch.send_message('{"type": "error", "error": "viewers are read-only: only the presenter drives the engine"}')
@@ -150,6 +158,7 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     # not "/static": Gradio serves its own fonts and scripts there, and a mount declared first would hide them
     app.mount("/lab-static", StaticFiles(directory=str(STATIC)), name="lab-static")
     demo = build_demo(registry, holder, hub, lecture)
+    handlers.append(demo.lab_handlers)
     app = gr.mount_gradio_app(app, demo, path="/", head=head_html(), theme=gr.themes.Soft(), ssr_mode=False)
     app.state.registry, app.state.holder, app.state.hub, app.state.lecture = registry, holder, hub, lecture
     return app, holder

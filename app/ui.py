@@ -83,7 +83,28 @@ class LabHandlers:
         p = self._payload_dict(s, view, message, kind, what_if)
         if op:
             p["op"] = op
+        self._bind(s, view[-1])
+        near = _near_set(view[-1])
+        client = _client_id(view[-1])
+        if near and client and self.hub is not None and self.hub.has_tab(client):
+            # charts just outside the screen follow in a second payload: the screen is updated first
+            p["stale"] = [c for c in p.get("stale", []) if c not in near]
+            out = self._deliver(p, view[-1])
+            lang, layer, head, word, npos, _ = view
+            npos = None if npos in (None, "") or int(npos) < 0 else int(npos)
+            rest = render.build_payload(s, lang, int(layer or 0), int(head or 0), word or "", npos,
+                                        self.holder.machine, what_if, only=near)
+            self._deliver({"figs": rest["figs"]}, view[-1])
+            return out
         return self._deliver(p, view[-1])
+
+    def _bind(self, s, visible) -> None:
+        """Tie the tab's websocket (named in `visible`) to this Gradio session, so its Steps can skip Gradio."""
+        client = _client_id(visible)
+        if client and self.hub is not None:
+            key = next((k for k, v in list(self.registry.sessions.items()) if v is s), None)
+            if key is not None:
+                self.hub.bind_tab(client, key)
 
     def _payload_dict(self, s, view, message="", kind="info", what_if=None) -> dict:
         lang, layer, head, word, npos, visible = view
@@ -159,6 +180,45 @@ class LabHandlers:
                 return self._payload(s, view, *self._status(s, lang), op="step")
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message on the page
             return self._error(exc, lang, op="step")
+
+    def step_with_choices(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed,
+                          max_tokens, stop, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        """Step, plus the sequence dropdown's update (gr.skip when unchanged) in the same Gradio event."""
+        out = self.step(prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens,
+                        stop, lang, layer, head, word, npos, visible, request=request)
+        return out, self.seq_choices(request)
+
+    # ---- Step over the tab's own websocket ----------------------------------------------------------
+    STEP_FIELDS = ("prompt", "chat", "system", "temperature", "top_k", "top_p", "min_p", "rep", "freq", "pres",
+                   "seed", "max_tokens", "stop", "lang", "layer", "head", "word", "npos", "visible")
+
+    def tab_message(self, client: str, session_key: str | None, data: str) -> None:
+        """A message from a tab's websocket (app/live.py). {"op": "step", "inputs": {STEP_FIELDS...}} runs
+        exactly the Gradio Step handler on the tab's own session; the payload comes back on the same socket."""
+        lang = "en"
+        try:
+            msg = json.loads(data)
+            if not isinstance(msg, dict) or msg.get("op") != "step":
+                raise ValueError("this socket only takes {\"op\": \"step\", \"inputs\": {...}}")
+            if session_key is None:
+                raise ValueError("this page is not tied to a session yet: use the Step button once more")
+            inputs = msg.get("inputs") if isinstance(msg.get("inputs"), dict) else {}
+            args = _step_inputs(inputs)
+            lang = args["lang"]
+        except Exception as exc:  # noqa: BLE001 - a malformed message is answered, never raised into the socket
+            self.hub.push_tab(client, json.loads(self._error(ValueError(str(exc)), lang, op="step")))
+            return
+        state = _view_state(args["visible"])
+        ids = state.get("ids") if isinstance(state, dict) else None
+        near = state.get("near") if isinstance(state, dict) else None
+        # this socket's client, whatever the message said
+        args["visible"] = json.dumps({"client": client, "ids": ids, "near": near})
+        request = _TabRequest(session_key)
+        out = self.step(**args, request=request)
+        if isinstance(out, str):  # an error payload (or no channel to push on): send it on this socket
+            self.hub.push_tab(client, json.loads(out))
+        if self.seq_choices(request, peek=True) is not None:  # the sequence list changed: a Gradio control
+            self.hub.send_tab(client, {"type": "sync", "what": "choices"})
 
     def add(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
              lang, layer, head, word, npos, visible, request: gr.Request = None):
@@ -328,16 +388,19 @@ class LabHandlers:
                 f'{html.escape(h.device)}</div>', gr.Timer(active=False),
                 gr.update(maximum=h.spec.num_layers - 1), gr.update(maximum=h.spec.num_heads - 1))
 
-    def seq_choices(self, request: gr.Request = None):
-        """The sequence dropdown; untouched (gr.skip) unless a sequence appeared, finished or the focus moved."""
+    def seq_choices(self, request: gr.Request = None, peek: bool = False):
+        """The sequence dropdown; untouched (gr.skip) unless a sequence appeared, finished or the focus moved.
+        `peek`: only say whether it changed (None if not), leaving the update to a Gradio event."""
         try:
             s = self._session(request)
         except Exception:  # noqa: BLE001
-            return gr.skip()
+            return None if peek else gr.skip()
         labels = [f"#{sid} · {s.seq_status(sid)}" for sid in s.seq_ids() if s.has_seq(sid)]
         value = next((x for x in labels if s.focus is not None and x.startswith(f"#{s.focus} ")), None)
         if s.sent_html.get("_focus_choices") == (labels, value):
-            return gr.skip()
+            return None if peek else gr.skip()
+        if peek:
+            return labels, value
         s.sent_html["_focus_choices"] = (labels, value)
         return gr.update(choices=labels, value=value)
 
@@ -371,11 +434,58 @@ def _view_state(visible):
         return None
 
 
+class _TabRequest:
+    """What the handlers read from a gr.Request, for a Step that came over the tab's websocket."""
+
+    def __init__(self, session_hash: str):
+        self.session_hash = session_hash
+
+
+def _number(name: str, value, integer: bool = False, optional: bool = False):
+    if value in (None, "") and optional:
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, not {str(value)[:20]!r}") from None
+    if integer:
+        if not x.is_integer():
+            raise ValueError(f"{name} must be a whole number, not {value}")
+        return int(x)
+    return x
+
+
+def _step_inputs(inputs: dict) -> dict:
+    """The Step handler's arguments from the values lab.js read off the page's controls, typed as Gradio
+    would pass them (numbers as numbers, an empty number box as None)."""
+    get = inputs.get
+    lang = get("lang") if get("lang") in ("en", "ru") else "en"
+    return {"prompt": str(get("prompt") or ""), "chat": bool(get("chat", True)), "system": str(get("system") or ""),
+            "temperature": _number("temperature", get("temperature")), "top_k": _number("top_k", get("top_k")),
+            "top_p": _number("top_p", get("top_p")), "min_p": _number("min_p", get("min_p")),
+            "rep": _number("repetition penalty", get("rep")), "freq": _number("frequency penalty", get("freq")),
+            "pres": _number("presence penalty", get("pres")),
+            "seed": _number("seed", get("seed"), integer=True, optional=True),
+            "max_tokens": _number("max tokens", get("max_tokens"), integer=True, optional=True),
+            "stop": str(get("stop") or ""), "lang": lang,
+            "layer": _number("layer", get("layer") or 0, integer=True),
+            "head": _number("head", get("head") or 0, integer=True), "word": str(get("word") or ""),
+            "npos": _number("position", get("npos"), integer=True, optional=True),
+            "visible": str(get("visible") or "")}
+
+
 def _visible_set(visible) -> set[str] | None:
     """The chart ids lab.js reported in view; None (build everything) when it has not reported yet."""
     state = _view_state(visible)
     ids = state.get("ids") if isinstance(state, dict) else state
     return {i for i in ids if i in render.CHART_IDS} if isinstance(ids, list) else None
+
+
+def _near_set(visible) -> set[str]:
+    """Chart ids lab.js reported just outside the screen (sent after those on it); only Step reports them."""
+    state = _view_state(visible)
+    near = state.get("near") if isinstance(state, dict) else None
+    return {i for i in near if i in render.CHART_IDS} if isinstance(near, list) else set()
 
 
 def _client_id(visible) -> str | None:
@@ -504,6 +614,9 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
         # with CSS because Gradio drops invisible components from the DOM, where the script writes to them
         visible = gr.Textbox(value="", elem_id="visible", elem_classes="il-hidden", container=False)
         refresh = gr.Button("refresh", elem_id="refresh", elem_classes="il-hidden")
+        # a Step that came over the websocket cannot update a Gradio control: lab.js clicks this when the list
+        # of sequences changed
+        sync_choices = gr.Button("sync", elem_id="sync_choices", elem_classes="il-hidden")
 
         sampling_inputs = [temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop]
         view_inputs = [lang, layer, head, word, npos, visible]
@@ -512,9 +625,10 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
         payload.change(None, [payload], None, js=RENDER_JS)
         # every click is one step: the payload arrives over the websocket before Gradio finishes the event and
         # its .then(), so the default trigger_mode ("once") would drop a quick second click
-        step_ev = step_btn.click(h.step, full, payload, concurrency_limit=None, show_progress="hidden",
-                                 trigger_mode="multiple")
-        step_ev.then(h.seq_choices, None, focus, show_progress="hidden")
+        # the sequence list rides on the step's own event: a chained .then() would be a second round trip that
+        # competes with the browser drawing the step's charts
+        step_btn.click(h.step_with_choices, full, [payload, focus], concurrency_limit=None, show_progress="hidden",
+                       trigger_mode="multiple")
         run_ev = run_btn.click(h.run, full, payload, show_progress="hidden")
         run_ev.then(h.seq_choices, None, focus, show_progress="hidden")
         pause_btn.click(h.pause, None, None, cancels=[run_ev], queue=False)
@@ -527,6 +641,7 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
             ctl.release(h.view, view_inputs, payload, show_progress="hidden", trigger_mode="always_last")
         word.submit(h.view, view_inputs, payload, show_progress="hidden")
         refresh.click(h.view, view_inputs, payload, show_progress="hidden", trigger_mode="always_last")
+        sync_choices.click(h.seq_choices, None, focus, show_progress="hidden", trigger_mode="always_last")
         npos.submit(h.view, view_inputs, payload, show_progress="hidden")
         focus.input(h.focus, [focus, *view_inputs], payload, show_progress="hidden")
         force_btn.click(h.force, [force_id, *view_inputs], payload, show_progress="hidden")
@@ -536,8 +651,12 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
             h.lecture_status, lang, lecture_info)
         unpresent_btn.click(h.stop_presenting, lang, payload, show_progress="hidden").then(
             h.lecture_status, lang, lecture_info)
-        lecture_timer = gr.Timer(3.0)
+        # polled only while the lecture box is open: an idle page should not cost the engine CPU time
+        lecture_timer = gr.Timer(3.0, active=False)
         lecture_timer.tick(h.lecture_status, lang, lecture_info, show_progress="hidden")
+        lecture_box.expand(lambda: gr.Timer(active=True), None, lecture_timer, show_progress="hidden").then(
+            h.lecture_status, lang, lecture_info, show_progress="hidden")
+        lecture_box.collapse(lambda: gr.Timer(active=False), None, lecture_timer, show_progress="hidden")
         tools = ToolHandlers(h)
         tour_inputs = [*sampling_inputs, *view_inputs]
         for btn, fn in ((tour_start, tools.tour_start), (tour_next, tools.tour_next), (tour_back, tools.tour_back)):
@@ -599,4 +718,5 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
             registry.drop(key)
 
         demo.unload(free_session)
+    demo.lab_handlers = h  # the server routes the tabs' websocket Steps to the same handlers
     return demo

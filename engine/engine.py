@@ -79,6 +79,7 @@ class Engine:
         self._lock = threading.RLock()
         self.eos_ids = self._eos_ids()
         self._embed_norms = None
+        self._nearest_cache: dict[tuple[int, int], tuple] = {}  # (token id, k) -> nearest_tokens' answer
         self._draft_models: dict = {}  # draft source -> (LoadedModel, Model); shared with sessions
         self._drafters: dict = {}  # drafters shared by this engine's requests (a draft model's owns a KV pool)
         self._settings = dict(kv_memory=kv_memory, block_size=block_size,
@@ -274,13 +275,22 @@ class Engine:
         """The k vocabulary entries whose input embeddings are closest (cosine) to `token_id`'s."""
         if not isinstance(token_id, int) or not 0 <= token_id < self.spec.vocab_size:
             raise ValueError(f"token_id must be in [0, {self.spec.vocab_size}) (got {token_id!r})")
+        # a pass over the whole vocabulary, asked for again on every step the lab shows the same token: cached
+        # (the weights never change; the dict is bounded)
+        hit = self._nearest_cache.get((token_id, k))
+        if hit is not None:
+            return list(hit)
         emb = self.model.embed.float()
         if self._embed_norms is None:
             self._embed_norms = emb.norm(dim=-1).clamp_min(1e-12)
         cos = (emb @ emb[token_id]) / (self._embed_norms * self._embed_norms[token_id])
         top = cos.topk(k + 1)
-        return [(int(i), self.token_text(int(i)), float(c)) for c, i in zip(top.values, top.indices)
-                if int(i) != token_id][:k]
+        out = [(int(i), self.token_text(int(i)), float(c)) for c, i in zip(top.values, top.indices)
+               if int(i) != token_id][:k]
+        if len(self._nearest_cache) >= 1024:
+            self._nearest_cache.clear()
+        self._nearest_cache[(token_id, k)] = tuple(out)
+        return out
 
     def token_text(self, token_id: int) -> str:
         return token_bytes(self.tokenizer, int(token_id)).decode("utf-8", errors="replace")

@@ -51,9 +51,8 @@
 
   const CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["select2d", "lasso2d"] };
 
-  function isVisible(el) {
+  function isVisible(el, margin = 200) {
     const r = el.getBoundingClientRect();
-    const margin = 200;
     return r.bottom > -margin && r.top < window.innerHeight + margin && r.width > 0;
   }
 
@@ -63,6 +62,10 @@
     if (!fig || !el || !window.Plotly) return;
     delete state.pending[id];
     const t0 = performance.now();
+    // a fixed height plus CSS containment (lab.css) makes the chart a layout boundary: Plotly measures its
+    // text many times per draw, and each measurement would otherwise lay out the whole Gradio page again
+    const h = (fig.layout && fig.layout.height) || 450;
+    if (el.style.height !== h + "px") el.style.height = h + "px";
     window.Plotly.react(el, fig.data, fig.layout, CONFIG);
     state.timings[id] = performance.now() - t0;
     state.drawn[id] = (state.drawn[id] || 0) + 1;
@@ -120,14 +123,21 @@
     state.timings = {};
     for (const id of p.stale || []) state.stale[id] = true;
     observeAll();
+    // charts on screen are drawn now; those just outside it (about to scroll in) right after this task, so
+    // they never delay what the user is looking at; off-screen charts are drawn when scrolled into view.
+    // All positions are read before any drawing: a read after a draw would lay out the whole page again.
+    const now = [], near = [];
     for (const [id, fig] of Object.entries(p.figs || {})) {
       delete state.stale[id];
       const el = document.getElementById(id);
       if (!el) continue;
       state.pending[id] = fig;
       observe(el);
-      if (isVisible(el)) draw(id);  // off-screen charts are drawn when scrolled into view
+      if (isVisible(el, 0)) now.push(id);
+      else if (isVisible(el)) near.push(id);
     }
+    now.forEach(draw);
+    if (near.length) setTimeout(() => near.forEach((id) => { if (state.pending[id]) draw(id); }), 0);
     if (p.tour && p.tour.at !== state.tourAt) { state.tourAt = p.tour.at; showTourPanel(p.tour.panel); }
     state.renderStart = tStart;
     bindTokenClicks();
@@ -137,7 +147,10 @@
     state.refreshes = staleInView ? (state.refreshes || 0) + 1 : 0;
     if (staleInView && state.refreshes <= 3) syncVisible();
     if (p.kind === "calc") { state.calcRenders = (state.calcRenders || 0) + 1; return; }
-    if (p.op) state.ops[p.op] = (state.ops[p.op] || 0) + 1;
+    if (p.op) {  // what a click's own payload cost (bench/ui_latency.py); a follow-up payload resets timings
+      state.ops[p.op] = (state.ops[p.op] || 0) + 1;
+      Object.assign(state, { opDrawn: performance.now(), opStart: tStart, opTimings: { ...state.timings } });
+    }
     state.renders += 1;
     state.lastRender = performance.now();
     document.body.dataset.ilRenders = String(state.renders);
@@ -164,10 +177,54 @@
     socket.onmessage = (m) => {
       const msg = JSON.parse(m.data);
       if (msg.type === "payload") render(msg.payload);
+      else if (msg.type === "bound") state.tied = true;  // the server tied this socket to our session
+      else if (msg.type === "sync" && msg.what === "choices") click("sync_choices");
     };
-    socket.onclose = () => { state.socket = "closed"; setTimeout(connect, 1500); };
+    socket.onclose = () => { state.socket = "closed"; state.tied = false; setTimeout(connect, 1500); };
   }
   connect();
+
+  // Step over this page's websocket: Gradio's round trip (queue, event stream, busy indicators) costs about
+  // as much CPU as the engine step on a small machine, and both share its cores. The server runs the very
+  // same Step handler with the values read off the controls below. Until the socket is tied to this tab's
+  // session (after its first Gradio event), or if a control cannot be read, the click goes to Gradio.
+  function controlValue(id, kind) {
+    const root = document.getElementById(id);
+    if (!root) return undefined;
+    if (kind === "check") { const el = root.querySelector("input[type=checkbox]"); return el ? el.checked : undefined; }
+    if (kind === "radio") { const el = root.querySelector("input[type=radio]:checked"); return el ? el.value : undefined; }
+    const el = kind === "slider" ? root.querySelector("input[type=number]") : root.querySelector("textarea, input");
+    return el ? el.value : undefined;
+  }
+  const STEP_CONTROLS = { prompt: ["prompt"], chat: ["chat", "check"], system: ["system"],
+    temperature: ["temperature", "slider"], top_k: ["top_k", "slider"], top_p: ["top_p", "slider"],
+    min_p: ["min_p", "slider"], rep: ["repetition_penalty", "slider"], freq: ["frequency_penalty", "slider"],
+    pres: ["presence_penalty", "slider"], seed: ["seed"], max_tokens: ["max_tokens"], stop: ["stop"],
+    lang: ["lang", "radio"], layer: ["layer", "slider"], head: ["head", "slider"], word: ["bpe_word"],
+    npos: ["neighbour_pos"] };
+  function stepInputs() {
+    // charts on screen are built and sent first; those within the observer's margin follow in a second payload
+    const ids = [...visible].sort();
+    const onScreen = ids.filter((id) => { const el = document.getElementById(id); return el && isVisible(el, 0); });
+    const near = ids.filter((id) => !onScreen.includes(id));
+    const inputs = { visible: JSON.stringify({ client: clientId, ids: onScreen, near }) };
+    for (const [name, [id, kind]] of Object.entries(STEP_CONTROLS)) {
+      const v = controlValue(id, kind);
+      if (v === undefined) return null;
+      inputs[name] = v;
+    }
+    return inputs;
+  }
+  document.addEventListener("click", (e) => {
+    const btn = e.target && e.target.closest && e.target.closest("#step");
+    if (!btn || !state.tied || !socket || socket.readyState !== 1) return;
+    const inputs = stepInputs();
+    if (!inputs) return;
+    e.preventDefault();
+    e.stopImmediatePropagation();  // capture phase on document: Gradio's own handler never sees this click
+    socket.send(JSON.stringify({ op: "step", inputs }));
+    state.socketSteps = (state.socketSteps || 0) + 1;
+  }, true);
 
   function showTourPanel(key) {
     // the guided tour: bring the step's panel into view and outline it

@@ -101,8 +101,7 @@ def ensure_drawn(page, chart_id: str, timeout: float = 30000) -> None:
     # drawing other charts can shift the layout, so the predicate scrolls the chart back into view each poll
     page.wait_for_function(
         """id => { const s = window.inferlab.state; const el = document.getElementById(id);
-                   if (!s.stale[id] && !s.pending[id] && el.data && el.data.length > 0) return true;
                    const r = el.getBoundingClientRect();
-                   if (r.bottom < 0 || r.top > window.innerHeight) el.scrollIntoView({block: 'center'});
-                   return false; }""",
+                   if (r.bottom < 0 || r.top > window.innerHeight) { el.scrollIntoView({block: 'center'}); return false; }
+                   return !s.stale[id] && !s.pending[id] && el.data && el.data.length > 0; }""",
         arg=chart_id, timeout=timeout, polling=250)

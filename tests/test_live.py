@@ -177,18 +177,74 @@ def test_tab_payloads_travel_over_the_tab_socket(server):
             out = await asyncio.to_thread(
                 h.step, "Что такое гравитация?", True, "", 0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 16, "", "en", 0, 0,
                 "", None, visible, SimpleNamespace(session_hash="tab-socket-test"))
-            msg = await recv_json(ws)
-            return out, msg
+            msgs = await recv_until(ws, lambda m: m["type"] == "payload")
+            return out, msgs
 
-    out, msg = asyncio.run(go())
+    out, msgs = asyncio.run(go())
     assert not isinstance(out, str)  # nothing went through the Gradio component
-    payload = msg["payload"]
+    assert {"type": "bound"} in msgs  # the Gradio event tied this socket to its session
+    payload = msgs[-1]["payload"]
     assert set(payload["figs"]) == {"chart-logits", "chart-bytes"}
     s = app.state.registry.sessions["tab-socket-test"]
     ev = s.events[-1].seq(s.focus)
     bars = [x for tr in payload["figs"]["chart-logits"]["data"] for x in (tr.get("customdata") or [])]
     assert ev.new_token in [b[0] if isinstance(b, list) else b for b in bars]
     assert "chart-attention" in payload["stale"]
+
+
+STEP_INPUTS = {"prompt": "Что такое гравитация?", "chat": True, "system": "", "temperature": "0", "top_k": "0",
+               "top_p": "1", "min_p": "0", "rep": "1", "freq": "0", "pres": "0", "seed": "1", "max_tokens": "16",
+               "stop": "", "lang": "en", "layer": "0", "head": "0", "word": "", "npos": "-1"}
+
+
+def test_a_tied_tab_steps_over_its_own_socket(server):
+    """The page's Step over /ws/lab runs the same handler on the tab's own session; the charts on screen come
+    first, those just off screen in a second payload; an untied socket or a bad value gets a message."""
+    ws_url, app = server
+    client = "tab-step-client"
+    key = "tab-step-session"
+    gradio_view = json.dumps({"client": client, "ids": ["chart-bytes"]})
+    handlers = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
+
+    async def go():
+        async with connect(ws_url + f"/ws/lab?client={client}", proxy=None, max_size=None) as ws:
+            for _ in range(50):
+                if app.state.hub.has_tab(client):
+                    break
+                await asyncio.sleep(0.02)
+            # not tied yet: refused with a message, and nothing runs
+            await ws.send(json.dumps({"op": "step", "inputs": STEP_INPUTS}))
+            refused = (await recv_until(ws, lambda m: m["type"] == "payload"))[-1]["payload"]
+            # a Gradio event (here: the handler, as Gradio calls it) ties the socket to session `key`
+            await asyncio.to_thread(handlers.view, "en", 0, 0, "", None, gradio_view, SimpleNamespace(session_hash=key))
+            await recv_until(ws, lambda m: m["type"] == "bound")
+            s = app.state.registry.sessions[key]
+            before = len(s.events)
+            view = json.dumps({"client": "someone-else", "ids": ["chart-logits"], "near": ["chart-sampling"]})
+            await ws.send(json.dumps({"op": "step", "inputs": {**STEP_INPUTS, "visible": view}}))
+            got = await recv_until(ws, lambda m: m["type"] == "payload" and "chart-sampling" in m["payload"]["figs"])
+            if {"type": "sync", "what": "choices"} not in got:  # sent after the step: may trail the payloads
+                got += await recv_until(ws, lambda m: m["type"] == "sync", timeout=10)
+            bad = {**STEP_INPUTS, "temperature": "hot"}
+            await ws.send(json.dumps({"op": "step", "inputs": bad}))
+            err = (await recv_until(ws, lambda m: m["type"] == "payload"))[-1]["payload"]
+            return refused, s, before, got, err
+
+    refused, s, before, got, err = asyncio.run(go())
+    assert "not tied" in refused["html"]["html-message"] and refused["op"] == "step"
+    assert len(s.events) == before + 1  # exactly one engine step, on this tab's session
+    assert {"type": "sync", "what": "choices"} in got  # a new sequence: the page refreshes its Gradio dropdown
+    payloads = [m["payload"] for m in got if m["type"] == "payload"]
+    first = next(p for p in payloads if p.get("op") == "step")
+    assert set(first["figs"]) == {"chart-logits"}  # on screen: built and sent first
+    assert "chart-sampling" not in first["stale"]  # ... and the near chart is on its way, not stale
+    assert "chart-sampling" in payloads[-1]["figs"]
+    ev = s.events[-1].seq(s.focus)
+    bars = [x for tr in first["figs"]["chart-logits"]["data"] for x in (tr.get("customdata") or [])]
+    assert ev.new_token in [b[0] for b in bars]
+    assert s.requests[s.focus].prompt == "Что такое гравитация?"
+    assert "temperature must be a number" in err["html"]["html-message"]
+    assert len(s.events) == before + 1  # the bad message ran nothing
 
 
 def test_merged_payloads_equal_applying_both():

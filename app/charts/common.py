@@ -36,8 +36,20 @@ def to_np(x: Any) -> np.ndarray:
 
 
 def clean(v: Any) -> Any:
-    """Make a value JSON-safe for the browser: numpy -> lists, non-finite floats -> None."""
+    """Make a value JSON-safe for the browser: numpy -> lists, non-finite floats -> None.
+
+    Figures hold thousands of numbers (heatmaps), and this runs on every step's critical path: arrays are
+    converted whole, and list items that are already plain skip the recursive call."""
     if isinstance(v, np.ndarray):
+        if v.dtype.kind == "f":
+            finite = np.isfinite(v)
+            if finite.all():
+                return v.tolist()
+            out = v.astype(object)
+            out[~finite] = None
+            return out.tolist()
+        if v.dtype.kind in "iub":
+            return v.tolist()
         return clean(v.tolist())
     if isinstance(v, (np.floating, float)):
         f = float(v)
@@ -47,7 +59,16 @@ def clean(v: Any) -> Any:
     if isinstance(v, dict):
         return {k: clean(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [clean(x) for x in v]
+        out = []
+        for x in v:
+            t = type(x)
+            if t is float:
+                out.append(x if math.isfinite(x) else None)
+            elif t is str or t is int or t is bool or x is None:
+                out.append(x)
+            else:
+                out.append(clean(x))
+        return out
     return v
 
 
