@@ -87,7 +87,7 @@ def main() -> None:
         from app import render as R
 
         # the charts the step's own payload redrew: those on screen (the near ones follow in a second payload)
-        only = set(json.loads(per_chart)) or None
+        only = {k for k in json.loads(per_chart) if k.startswith("chart-")} or None
         in_view = sorted(only or [])
         for _ in range(5):
             t = time.perf_counter()

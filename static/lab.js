@@ -120,7 +120,7 @@
       const el = document.getElementById(id);
       if (el) el.innerHTML = html;
     }
-    state.timings = {};
+    state.timings = { html: performance.now() - tStart };
     for (const id of p.stale || []) state.stale[id] = true;
     observeAll();
     // charts on screen are drawn now; those just outside it (about to scroll in) right after this task, so
