@@ -195,6 +195,15 @@ def what_if_payload(s: LabView, trace: dict, lang: str) -> dict:
             "html": {"html-message": message_html(t("whatif", lang), "whatif")}}
 
 
+def chain_payload(s: LabView, lang: str, message: str, message_kind: str = "info") -> dict:
+    """Only the sampling charts, as the last step really sampled (what a what-if returns to)."""
+    sev = s.last_seq_event(s.focus)[1] if s.focus is not None else None
+    trace = sev.sampling if sev is not None else None
+    return {"figs": {"chart-sampling": sampling.sampling_chain_chart(trace, what_if=False, lang=lang),
+                     "chart-cdf": sampling.sampling_cdf_chart(trace, lang)},
+            "html": {"html-message": message_html(message, message_kind)}}
+
+
 def prompt_words(prompt: str) -> list[str]:
     """The prompt's words without surrounding punctuation: what the BPE panel offers (and a trace records)."""
     words = [w.strip(".,!?;:«»\"'()") for w in prompt.split()]

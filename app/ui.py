@@ -278,7 +278,13 @@ class LabHandlers:
                 return gr.skip()  # a recorded trace keeps its recorded sampling
             if s.focus is None or s.engine.sequences[s.focus].last_sampling is None:
                 return gr.skip()  # nothing sampled yet: the sliders simply apply to the first step
-            trace = s.engine.what_if(s.focus, self.params(*sampling_args))
+            params = self.params(*sampling_args)
+            if _same_chain(params, s.engine.sequences[s.focus].params):
+                # the sliders equal what the last step sampled with: a Step (over the websocket, faster than
+                # this event) already applied them, or the user moved a slider back. That is no what-if.
+                s.what_if = None
+                return self._deliver(render.chain_payload(s, lang, *self._status(s, lang)), visible)
+            trace = s.engine.what_if(s.focus, params)
             s.what_if = trace
             return self._deliver(render.what_if_payload(s, trace, lang), visible)
         except Exception as exc:  # noqa: BLE001
@@ -432,6 +438,16 @@ def _view_state(visible):
         return json.loads(visible)
     except ValueError:
         return None
+
+
+CHAIN_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+                "presence_penalty")
+
+
+def _same_chain(a: SamplingParams, b: SamplingParams) -> bool:
+    """Whether two parameter sets run the same sampling chain on the same logits (seed, max tokens and stop
+    strings do not change a step's chain)."""
+    return all(getattr(a, f) == getattr(b, f) for f in CHAIN_FIELDS)
 
 
 class _TabRequest:

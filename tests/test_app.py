@@ -69,6 +69,16 @@ def test_what_if_recomputes_without_stepping(lab):
     assert "what-if" in out["html"].get("html-message", "").lower()
     trace = s.engine.what_if(s.focus, h.params(0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 24, ""))
     assert trace["u"] == base["u"] and trace["greedy"]
+    # back to the values the step sampled with (or a Step already applied them before this event arrived):
+    # the real chain again, no what-if banner left behind
+    d = DEFAULTS
+    back = json.loads(h.what_if(d["temperature"], d["top_k"], d["top_p"], d["min_p"], d["rep"], d["freq"], d["pres"],
+                                d["seed"], d["max_tokens"], d["stop"], "en", request=req()))
+    assert s.what_if is None and len(s.events) == n
+    assert "what-if" not in back["html"]["html-message"].lower()
+    real = json.loads(h.view(*VIEW, request=req()))["figs"]["chart-sampling"]
+    assert back["figs"]["chart-sampling"] == real
+    assert "what-if" not in back["figs"]["chart-sampling"]["layout"]["title"]["text"].lower()
 
 
 def test_force_rewind_branch_reset(lab):
