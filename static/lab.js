@@ -62,10 +62,6 @@
     if (!fig || !el || !window.Plotly) return;
     delete state.pending[id];
     const t0 = performance.now();
-    // a fixed height plus CSS containment (lab.css) makes the chart a layout boundary: Plotly measures its
-    // text many times per draw, and each measurement would otherwise lay out the whole Gradio page again
-    const h = (fig.layout && fig.layout.height) || 450;
-    if (el.style.height !== h + "px") el.style.height = h + "px";
     window.Plotly.react(el, fig.data, fig.layout, CONFIG);
     state.timings[id] = performance.now() - t0;
     state.drawn[id] = (state.drawn[id] || 0) + 1;
