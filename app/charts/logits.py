@@ -210,5 +210,6 @@ def perplexity_chart(events, seq_id: int, lang: str = "en", max_points: int = MA
                              rangemode="tozero", tickmode="auto"),
                  showlegend=True, legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right",
                                               font=dict(size=11)),
-                 margin=dict(l=50, r=60, t=70, b=40))
+                 # room above the plot for the title and, below it, the legend's two rows (they overlapped at 70)
+                 margin=dict(l=50, r=60, t=100, b=40))
     return figure(data, lay)
