@@ -128,12 +128,11 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     lecture = Lecture(hub, lecture_frame)
     presenter = PresenterSocket(hub, lecture, registry)
 
-    handlers = []  # filled below, once the Gradio app (which owns the handlers) exists
+    demo = build_demo(registry, holder, hub, lecture)  # mounted last: routes declared before the mount win
 
     async def tab_message(ch, data):
         # a Step sent by the page itself; one at a time per tab, in the order clicked
-        if handlers:
-            await asyncio.to_thread(handlers[0].tab_message, ch.key, ch.session_key, data)
+        await asyncio.to_thread(demo.lab_handlers.tab_message, ch.key, ch.session_key, data)
 
     @app.websocket("/ws/lab")
     async def tab_socket(ws: WebSocket, client: str = ""):
@@ -157,8 +156,6 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
 
     # not "/static": Gradio serves its own fonts and scripts there, and a mount declared first would hide them
     app.mount("/lab-static", StaticFiles(directory=str(STATIC)), name="lab-static")
-    demo = build_demo(registry, holder, hub, lecture)
-    handlers.append(demo.lab_handlers)
     app = gr.mount_gradio_app(app, demo, path="/", head=head_html(), theme=gr.themes.Soft(), ssr_mode=False)
     app.state.registry, app.state.holder, app.state.hub, app.state.lecture = registry, holder, hub, lecture
     return app, holder

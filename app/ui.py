@@ -90,10 +90,7 @@ class LabHandlers:
             # charts just outside the screen follow in a second payload: the screen is updated first
             p["stale"] = [c for c in p.get("stale", []) if c not in near]
             out = self._deliver(p, view[-1])
-            lang, layer, head, word, npos, _ = view
-            npos = None if npos in (None, "") or int(npos) < 0 else int(npos)
-            rest = render.build_payload(s, lang, int(layer or 0), int(head or 0), word or "", npos,
-                                        self.holder.machine, what_if, only=near)
+            rest = render.build_payload(s, *_view_args(view), self.holder.machine, what_if, only=near)
             self._deliver({"figs": rest["figs"]}, view[-1])
             return out
         return self._deliver(p, view[-1])
@@ -107,17 +104,15 @@ class LabHandlers:
                 self.hub.bind_tab(client, key)
 
     def _payload_dict(self, s, view, message="", kind="info", what_if=None) -> dict:
-        lang, layer, head, word, npos, visible = view
-        npos = None if npos in (None, "") or int(npos) < 0 else int(npos)
-        only = _visible_set(visible)
-        p = render.build_payload(s, lang, int(layer or 0), int(head or 0), word or "", npos,
-                                 self.holder.machine, what_if, message, kind, only=only)
+        lang, layer, head, word, npos = _view_args(view)
+        p = render.build_payload(s, lang, layer, head, word, npos, self.holder.machine, what_if, message, kind,
+                                 only=_visible_set(view[-1]))
         # the template, BPE trace and panel texts rarely change: send an HTML piece only when it differs from
         # what this tab already shows (a step's latency grows with its payload)
         p["html"] = {k: v for k, v in p["html"].items() if s.sent_html.get(k) != v}
         s.sent_html.update(p["html"])
         if self.lecture is not None:
-            self.lecture.changed(s, (lang, int(layer or 0), int(head or 0), word or "", npos))
+            self.lecture.changed(s, (lang, layer, head, word, npos))
         return p
 
     def _deliver(self, p: dict, visible):
@@ -217,7 +212,9 @@ class LabHandlers:
         out = self.step(**args, request=request)
         if isinstance(out, str):  # an error payload (or no channel to push on): send it on this socket
             self.hub.push_tab(client, json.loads(out))
-        if self.seq_choices(request, peek=True) is not None:  # the sequence list changed: a Gradio control
+        s = self.registry.sessions.get(session_key)
+        if s is not None and s.sent_html.get("_focus_choices") != self._choices(s):
+            # the list of sequences changed: the dropdown is a Gradio control, updated by a Gradio event
             self.hub.send_tab(client, {"type": "sync", "what": "choices"})
 
     def add(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
@@ -355,8 +352,9 @@ class LabHandlers:
                 raise ValueError(t("bad_token", lang))
             key = getattr(request, "session_hash", None) or "default"
             s = self._session(request)
-            self.lecture.start(key, s, (lang, int(layer or 0), int(head or 0), word or "", npos))
-            return self._payload(s, (lang, layer, head, word, npos, visible), t("presenting", lang))
+            view = (lang, layer, head, word, npos, visible)
+            self.lecture.start(key, s, _view_args(view))
+            return self._payload(s, view, t("presenting", lang))
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
@@ -394,19 +392,22 @@ class LabHandlers:
                 f'{html.escape(h.device)}</div>', gr.Timer(active=False),
                 gr.update(maximum=h.spec.num_layers - 1), gr.update(maximum=h.spec.num_heads - 1))
 
-    def seq_choices(self, request: gr.Request = None, peek: bool = False):
-        """The sequence dropdown; untouched (gr.skip) unless a sequence appeared, finished or the focus moved.
-        `peek`: only say whether it changed (None if not), leaving the update to a Gradio event."""
+    @staticmethod
+    def _choices(s) -> tuple[list[str], str | None]:
+        """The sequence dropdown's choices and value; the page shows s.sent_html["_focus_choices"]."""
+        labels = [f"#{sid} · {s.seq_status(sid)}" for sid in s.seq_ids() if s.has_seq(sid)]
+        value = next((x for x in labels if s.focus is not None and x.startswith(f"#{s.focus} ")), None)
+        return labels, value
+
+    def seq_choices(self, request: gr.Request = None):
+        """The sequence dropdown; untouched (gr.skip) unless a sequence appeared, finished or the focus moved."""
         try:
             s = self._session(request)
         except Exception:  # noqa: BLE001
-            return None if peek else gr.skip()
-        labels = [f"#{sid} · {s.seq_status(sid)}" for sid in s.seq_ids() if s.has_seq(sid)]
-        value = next((x for x in labels if s.focus is not None and x.startswith(f"#{s.focus} ")), None)
+            return gr.skip()
+        labels, value = self._choices(s)
         if s.sent_html.get("_focus_choices") == (labels, value):
-            return None if peek else gr.skip()
-        if peek:
-            return labels, value
+            return gr.skip()
         s.sent_html["_focus_choices"] = (labels, value)
         return gr.update(choices=labels, value=value)
 
@@ -428,6 +429,13 @@ class LabHandlers:
                 + [gr.update(label=t("branch_btn", lang)), gr.update(samples=[[e] for e in EXAMPLES[lang]])]
                 + [gr.update(label=t("lecture", lang)), gr.update(label=t("token", lang)),
                    gr.update(value=t("present", lang)), gr.update(value=t("unpresent", lang))])
+
+
+def _view_args(view) -> tuple:
+    """(lang, layer, head, word, neighbour position) from a handler's view inputs, typed for build_payload."""
+    lang, layer, head, word, npos, _ = view
+    npos = None if npos in (None, "") or int(npos) < 0 else int(npos)
+    return lang, int(layer or 0), int(head or 0), word or "", npos
 
 
 def _view_state(visible):
