@@ -108,8 +108,10 @@ class LabHandlers:
         p = render.build_payload(s, lang, layer, head, word, npos, self.holder.machine, what_if, message, kind,
                                  only=_visible_set(view[-1]))
         # the template, BPE trace and panel texts rarely change: send an HTML piece only when it differs from
-        # what this tab already shows (a step's latency grows with its payload)
-        p["html"] = {k: v for k, v in p["html"].items() if s.sent_html.get(k) != v}
+        # what this tab already shows (a step's latency grows with its payload). The message line is always
+        # sent: error and what-if payloads change it without passing through here, so the record of what the
+        # page shows would be wrong for it (an error banner stayed after the next good step).
+        p["html"] = {k: v for k, v in p["html"].items() if k == "html-message" or s.sent_html.get(k) != v}
         s.sent_html.update(p["html"])
         if self.lecture is not None:
             self.lecture.changed(s, (lang, layer, head, word, npos))

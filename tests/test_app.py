@@ -57,6 +57,15 @@ def test_step_payload_matches_engine_event(lab):
     assert "html-tokens" in second["html"]
 
 
+def test_a_good_step_clears_the_message_an_error_left(lab):
+    h, registry = lab
+    h.step(*args(), request=req())
+    bad = json.loads(h.step(*args(top_p=0.0), request=req()))
+    assert "top_p must be in (0, 1]" in bad["html"]["html-message"]
+    good = json.loads(h.step(*args(), request=req()))
+    assert "il-msg-error" not in good["html"]["html-message"]  # sent, and no longer the error
+
+
 def test_what_if_recomputes_without_stepping(lab):
     h, registry = lab
     h.step(*args(), request=req())
