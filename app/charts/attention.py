@@ -12,11 +12,12 @@ import math
 
 import numpy as np
 
-from .common import ACCENT, empty, figure, layout, to_np, token_label
+from .common import ACCENT, LABEL_CHARS, empty, figure, label_px, layout, rotated_px, shorten, to_np, token_label
 
 MAX_POSITIONS = 256  # one heatmap: at most this many query rows and key columns
 GRID_MAX_POSITIONS = 64  # every head of a layer at once: smaller tiles
 LENS_MAX_POSITIONS = 48  # logit-lens columns
+POS_LABEL_CHARS = LABEL_CHARS + 4  # "117 " + the token text (pos_label)
 
 TEXT = {
     "en": {
@@ -89,15 +90,18 @@ def tr(lang: str) -> dict:
     return TEXT[lang if lang in TEXT else "en"]
 
 
-def plain(text: str) -> str:
-    """Token text for Plotly labels/hovers: visible whitespace, and no markup (Plotly renders some tags)."""
-    return html.escape(token_label(text), quote=False)
+def plain(text: str, max_chars: int | None = None) -> str:
+    """Token text for Plotly labels/hovers: visible whitespace, and no markup (Plotly renders some tags);
+    cut to max_chars characters for a tick label (see common.LABEL_CHARS)."""
+    label = token_label(text)
+    return html.escape(label if max_chars is None else shorten(label, max_chars), quote=False)
 
 
 def pos_label(p: int, texts: list[str] | None) -> str:
-    """A unique category label for position p ("12 ␣gra"), so repeated tokens get their own row/column."""
+    """A unique category label for position p ("12 ␣gra"), so repeated tokens get their own row/column; the
+    token text is cut to LABEL_CHARS (the axes' margins are sized for that)."""
     if texts is not None and 0 <= p < len(texts):
-        return f"{p} {plain(texts[p])}"
+        return f"{p} {plain(texts[p], LABEL_CHARS)}"
     return f"{p}"
 
 
@@ -209,12 +213,13 @@ def attention_heatmap(events, seq_id: int, layer: int, head: int, texts: list[st
     )
     shapes = [dict(type="rect", xref="x", yref="y", x0=-0.5, x1=n - 0.5, y0=n - 1.5, y1=n - 0.5,
                    line=dict(color=ACCENT, width=2), fillcolor="rgba(0,0,0,0)")]
+    room = label_px(9, POS_LABEL_CHARS)  # fixed margins: see common.LABEL_CHARS
     lay = layout(title, uirev,
-                 xaxis=dict(title=dict(text=t["x_key"]), type="category", tickfont=dict(size=9), automargin=True,
+                 xaxis=dict(title=dict(text=t["x_key"]), type="category", tickfont=dict(size=9), tickangle=-90,
                             showgrid=False),
                  yaxis=dict(title=dict(text=t["y_query"]), type="category", autorange="reversed",
-                            tickfont=dict(size=9), automargin=True, showgrid=False),
-                 shapes=shapes)
+                            tickfont=dict(size=9), showgrid=False),
+                 margin=dict(l=room + 30, r=20, t=40, b=room + 34), shapes=shapes)
     return figure([trace], lay)
 
 
@@ -358,8 +363,9 @@ def logit_lens_chart(events, seq_id: int, lang: str = "en", texts: list[str] | N
                  colorbar=dict(title=dict(text=t["top1"]), thickness=12), xgap=1, ygap=1,
                  hovertemplate=f"{t['layer']} %{{y}} · {t['position']} %{{x}}<br>%{{customdata}}<extra></extra>")
     lay = layout(t["lens_title"], uirev,
-                 xaxis=dict(title=dict(text=t["x_position"]), type="category", tickfont=dict(size=9),
-                            automargin=True, showgrid=False),
+                 xaxis=dict(title=dict(text=t["x_position"]), type="category", tickfont=dict(size=9), tickangle=-45,
+                            showgrid=False),
                  yaxis=dict(title=dict(text=t["y_lens_layer"]), showgrid=False),
+                 margin=dict(l=50, r=20, t=40, b=rotated_px(9, POS_LABEL_CHARS, 45) + 34),
                  height=max(360, 14 * num_layers + 120))
     return figure([trace], lay)

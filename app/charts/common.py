@@ -99,6 +99,30 @@ def empty(title: str, message: str, uirevision: str) -> dict:
                                                yref="paper", font=dict(size=13, color="#777"))]))
 
 
+# Token tick labels are cut to LABEL_CHARS characters, and the margins around them are fixed to fit that
+# many. With Plotly's automargin the widest token of the step set the margin; it changed on most steps, and
+# each change made Plotly draw the whole chart a second time (a third of a step's drawing time in the
+# browser, bench/ui_latency.py) and moved the plot sideways under the reader's eyes. Hovers keep the full text.
+LABEL_CHARS = 14
+
+
+def shorten(text: str, max_chars: int = LABEL_CHARS) -> str:
+    """Cut a label to max_chars characters, the last one an ellipsis (before any HTML escaping)."""
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+
+
+def label_px(font_size: float, chars: int = LABEL_CHARS) -> int:
+    """The width a label of `chars` characters takes at `font_size` px (a generous mean glyph width: most
+    tokens are lower-case Latin or Cyrillic, narrower than this)."""
+    return int(math.ceil(chars * font_size * 0.6))
+
+
+def rotated_px(font_size: float, chars: int, angle_deg: float) -> int:
+    """The height a label of `chars` characters takes when its axis turns it by angle_deg."""
+    a = math.radians(abs(angle_deg))
+    return int(math.ceil(label_px(font_size, chars) * math.sin(a) + font_size * 1.2 * math.cos(a)))
+
+
 def token_label(text: str) -> str:
     """Printable token text for axes and hovers: show spaces and newlines explicitly."""
     return text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥") or "∅"

@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from .attention import plain, seq_events
-from .common import ACCENT, empty, figure, layout
+from .common import ACCENT, LABEL_CHARS, empty, figure, label_px, layout, rotated_px, shorten
 
 MAX_POINTS = 512
 LOGIT_COLOR = "#4C78A8"
@@ -144,9 +144,11 @@ def logits_chart(seq_event_sampling: dict | None, logit_stats: dict | None, lang
                  xaxis=xaxis,
                  xaxis2=dict(domain=[0.56, 1.0], anchor="y", title=dict(text=t["prob"]),
                              range=[0, min(1.0, pmax * 1.1)], gridcolor="#eee"),
-                 yaxis=dict(tickmode="array", tickvals=y, ticktext=labels, autorange="reversed", automargin=True,
+                 yaxis=dict(tickmode="array", tickvals=y, ticktext=[shorten(s) for s in labels], autorange="reversed",
                             tickfont=dict(size=10)),
-                 barmode="group", bargap=0.2, showlegend=True, margin=dict(l=50, r=20, t=60, b=40), shapes=shapes,
+                 # a fixed left margin, sized for LABEL_CHARS (see common.py); hovers keep the whole token
+                 barmode="group", bargap=0.2, showlegend=True, shapes=shapes,
+                 margin=dict(l=label_px(10, LABEL_CHARS + 1) + 8, r=20, t=60, b=40),
                  legend=dict(orientation="h", y=-0.12, yanchor="top", x=1, xanchor="right"),
                  height=max(320, 20 * len(ids) + 130))
     return figure(data, lay)
@@ -201,9 +203,11 @@ def perplexity_chart(events, seq_id: int, lang: str = "en", max_points: int = MA
              hovertemplate=f"#%{{x}} %{{customdata[0]}}<br>{t['running']} = %{{y:.3f}}<extra></extra>"),
     ]
     xaxis = dict(title=dict(text=t["x"]), showgrid=False)
+    bottom = 40
     if len(x) <= 40:
-        xaxis.update(tickmode="array", tickvals=x, ticktext=labels, tickangle=-60, tickfont=dict(size=9),
-                     automargin=True)
+        xaxis.update(tickmode="array", tickvals=x, ticktext=[shorten(s) for s in labels], tickangle=-60,
+                     tickfont=dict(size=9))
+        bottom = rotated_px(9, LABEL_CHARS, 60) + 34  # fixed: see common.LABEL_CHARS
     lay = layout(t["ppl_title"].format(ppl=float(running[-1]), n=n_total), uirev, xaxis=xaxis,
                  yaxis=dict(title=dict(text=t["y"]), gridcolor="#eee", zeroline=True, zerolinecolor="#999"),
                  yaxis2=dict(title=dict(text=t["y2"]), overlaying="y", side="right", showgrid=False,
@@ -211,5 +215,5 @@ def perplexity_chart(events, seq_id: int, lang: str = "en", max_points: int = MA
                  showlegend=True, legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right",
                                               font=dict(size=11)),
                  # room above the plot for the title and, below it, the legend's two rows (they overlapped at 70)
-                 margin=dict(l=50, r=60, t=100, b=40))
+                 margin=dict(l=50, r=60, t=100, b=bottom))
     return figure(data, lay)

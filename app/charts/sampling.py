@@ -6,7 +6,7 @@ uniform number u, the chosen token and the cumulative distribution in draw order
 """
 from __future__ import annotations
 
-from .common import ACCENT, GREY, empty, figure, layout, token_label
+from .common import ACCENT, GREY, LABEL_CHARS, empty, figure, label_px, layout, rotated_px, token_label
 
 CHAIN_ORDER = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
 KEPT_COLOR = "#4C78A8"
@@ -105,7 +105,7 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
         return empty(tx["chain"], tx["no_trace"], UIREV_CHAIN)
     ids = [int(i) for i in sampling["token_ids"]]
     texts = _texts(sampling)
-    labels = [plot_label(t, 14) for t in texts]
+    labels = [plot_label(t, LABEL_CHARS) for t in texts]
     full = [plot_label(t) for t in texts]
     n = len(ids)
     chosen = sampling.get("chosen")
@@ -180,10 +180,11 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
                                 line=dict(color=WHAT_IF_COLOR, width=3), fillcolor="rgba(0,0,0,0)", layer="above")]
         extra["paper_bgcolor"] = "#FFF6EC"
     lay = layout(title, UIREV_CHAIN, barmode="overlay", bargap=0.15, height=height,
-                 margin=dict(l=110, r=20, t=top, b=bottom), annotations=annotations,
+                 # a fixed left margin for labels of LABEL_CHARS and the axis title (see common.py)
+                 margin=dict(l=label_px(12, LABEL_CHARS + 1) + 24, r=20, t=top, b=bottom), annotations=annotations,
                  yaxis=dict(tickmode="array", tickvals=list(range(n)), ticktext=labels, autorange="reversed",
                             ticksuffix=" ", title=dict(text=tx["tokens_axis"], font=dict(size=11)),
-                            fixedrange=False, automargin=True),
+                            fixedrange=False),
                  **axes, **extra)
     return figure(data, lay)
 
@@ -214,7 +215,7 @@ def sampling_cdf_chart(sampling: dict | None, lang: str = "en") -> dict:
     chosen = sampling.get("chosen")
     greedy = bool(sampling.get("greedy"))
     u = float(sampling.get("u") or 0.0)
-    labels = [plot_label(text_of.get(t, f"#{t}"), 14) for t in tids]
+    labels = [plot_label(text_of.get(t, f"#{t}"), LABEL_CHARS) for t in tids]
     cd = [[t, plot_label(text_of.get(t, f"#{t}")), pi, b, c] for t, pi, b, c in zip(tids, p, base, cum)]
 
     data = [
@@ -254,9 +255,11 @@ def sampling_cdf_chart(sampling: dict | None, lang: str = "en") -> dict:
     if tail > 1e-4 and not greedy:
         annotations.append(dict(text=tx["tail"].format(m=tail), x=1.0, y=0.02, xref="paper", yref="paper",
                                 xanchor="right", yanchor="bottom", showarrow=False, font=dict(size=11, color="#777")))
-    lay = layout(title, UIREV_CDF, height=340, bargap=0.3, annotations=annotations,
-                 margin=dict(l=55, r=20, t=45, b=70),
+    angle = -45 if m > 8 else 0
+    lay = layout(title, UIREV_CDF, height=360, bargap=0.3, annotations=annotations,
+                 margin=dict(l=55, r=20, t=45, b=rotated_px(10, LABEL_CHARS, angle) + 30),  # see common.LABEL_CHARS
                  xaxis=dict(tickmode="array", tickvals=xs, ticktext=labels, range=[-0.6, max(m, 6) - 0.4],
-                            title=dict(text=tx["draw_order"], font=dict(size=11)), tickangle=-45 if m > 8 else 0),
+                            tickfont=dict(size=10), title=dict(text=tx["draw_order"], font=dict(size=11)),
+                            tickangle=angle),
                  yaxis=dict(range=[0, 1.04], title=dict(text=tx["cum"]), tickformat=".0%", gridcolor="#EEE"))
     return figure(data, lay)

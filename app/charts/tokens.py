@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .attention import plain
-from .common import empty, figure, layout
+from .common import LABEL_CHARS, empty, figure, layout, rotated_px
 
 MAX_TOKENS = 1024
 COLORS = {"prompt": "#4C78A8", "special": "#B279A2", "generated": "#F58518"}
@@ -72,17 +72,19 @@ def bytes_per_token_chart(infos: list[dict], n_prompt: int, lang: str = "en", ma
     total = sum(num_bytes(info) for info in infos)
     mean = total / len(infos)
     xaxis = dict(title=dict(text=t["x"]), showgrid=False)
+    bottom = 40
     if len(shown) <= 60:
         xaxis.update(tickmode="array", tickvals=[i for i, _ in shown],
-                     ticktext=[plain(info.get("text", "")) for _, info in shown], tickangle=-60,
-                     tickfont=dict(size=9), automargin=True)
+                     ticktext=[plain(info.get("text", ""), LABEL_CHARS) for _, info in shown], tickangle=-60,
+                     tickfont=dict(size=9))
+        bottom = rotated_px(9, LABEL_CHARS, 60) + 34  # fixed: see common.LABEL_CHARS
     yaxis = dict(title=dict(text=t["y"]), gridcolor="#eee", rangemode="tozero")
     if max(num_bytes(info) for _, info in shown) <= 12:
         yaxis["dtick"] = 1
     lay = layout(t["title"].format(mean=mean), uirev, xaxis=xaxis, yaxis=yaxis,
                  barmode="overlay", bargap=0.15, showlegend=True,
                  legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"),
-                 margin=dict(l=50, r=20, t=60, b=40),
+                 margin=dict(l=50, r=20, t=60, b=bottom),
                  shapes=[dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=mean, y1=mean,
                               line=dict(color="#555", width=1, dash="dash"))])
     return figure(data, lay)
