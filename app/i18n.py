@@ -131,11 +131,13 @@ PANELS = [
      {"en": "In every layer each head decides how much each earlier token matters for the current one. During "
             "prefill the whole triangle is computed at once; each decode step adds one row, reading the older keys "
             "and values from the KV cache. The logit lens applies the final norm and the output head to every "
-            "layer's residual stream: watch the answer form as depth grows.",
+            "layer's residual stream: watch the answer form as depth grows (a token is written where it differs from "
+            "the layer below; hover a cell for the top 5).",
       "ru": "В каждом слое каждая голова решает, насколько каждый предыдущий токен важен для текущего. На "
             "префилле весь треугольник считается сразу; каждый шаг декодирования добавляет одну строку, читая "
             "старые ключи и значения из KV-кэша. «Логит-линза» применяет финальную нормализацию и выходную голову "
-            "к остаточному потоку каждого слоя — видно, как ответ складывается с глубиной."}),
+            "к остаточному потоку каждого слоя — видно, как ответ складывается с глубиной (токен подписан там, где он "
+            "отличается от слоя ниже; наведите на клетку, чтобы увидеть топ-5)."}),
     ("logits", {"en": "4 · Logits → softmax", "ru": "4 · Логиты → softmax"},
      {"en": "The last layer's vector for the newest position is multiplied by the output matrix: one score "
             "(logit) per vocabulary entry. Softmax turns scores into probabilities. Entropy says how unsure the "

@@ -96,7 +96,9 @@ def test_sampling_chain_bars_equal_stage_probs(run):
             assert (bar["opacity"] < 1) == (not st["active"])
             ann = fig["layout"]["annotations"][k]["text"]
             if st["active"]:
-                assert f"{st['num_kept']:,}/{tr['vocab_size']:,}" in ann
+                assert f"<br>{st['num_kept']:,}" in ann
+                hover = fig["layout"]["annotations"][k]["hovertext"]
+                assert f"{st['num_kept']:,} of {tr['vocab_size']:,} tokens kept" in hover
             else:
                 assert "off" in ann
         c = tr["token_ids"].index(tr["chosen"])

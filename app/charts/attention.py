@@ -33,13 +33,14 @@ TEXT = {
         "grid_title": "All heads · layer {layer}",
         "head": "head",
         "layer": "layer",
-        "entropy_title": "Attention entropy of the newest query (position {pos}, {ctx} keys; uniform = {max:.2f} bits)",
+        "entropy_title": "Attention entropy of the newest query<br><span style='font-size:11px;color:#555'>"
+                         "position {pos}, {ctx} keys; uniform = {max:.2f} bits</span>",
         "entropy_name": "Attention entropy per head",
         "entropy_empty": "Step the engine with capture on to see attention entropy",
         "bits": "bits",
         "x_head": "Head",
         "y_layer": "Layer",
-        "lens_title": "Logit lens · top-1 next token after each layer",
+        "lens_title": "Logit lens · top-1 next token after each layer (written where it changes)",
         "lens_empty": "Step the engine with capture on to see the logit lens",
         "top1": "top-1 prob",
         "position": "position",
@@ -61,14 +62,14 @@ TEXT = {
         "grid_title": "Все головы · слой {layer}",
         "head": "голова",
         "layer": "слой",
-        "entropy_title": "Энтропия внимания последнего запроса (позиция {pos}, ключей: {ctx}; "
-                         "равномерно = {max:.2f} бит)",
+        "entropy_title": "Энтропия внимания последнего запроса<br><span style='font-size:11px;color:#555'>"
+                         "позиция {pos}, ключей: {ctx}; равномерно = {max:.2f} бит</span>",
         "entropy_name": "Энтропия внимания по головам",
         "entropy_empty": "Сделайте шаг движка с включённым захватом, чтобы увидеть энтропию внимания",
         "bits": "бит",
         "x_head": "Голова",
         "y_layer": "Слой",
-        "lens_title": "Logit lens · самый вероятный следующий токен после каждого слоя",
+        "lens_title": "Logit lens · самый вероятный следующий токен после каждого слоя (подписан там, где он меняется)",
         "lens_empty": "Сделайте шаг движка с включённым захватом, чтобы увидеть logit lens",
         "top1": "вер. top-1",
         "position": "позиция",
@@ -219,7 +220,8 @@ def attention_heatmap(events, seq_id: int, layer: int, head: int, texts: list[st
                             showgrid=False),
                  yaxis=dict(title=dict(text=t["y_query"]), type="category", autorange="reversed",
                             tickfont=dict(size=9), showgrid=False),
-                 margin=dict(l=room + 30, r=20, t=40, b=room + 34), shapes=shapes)
+                 margin=dict(l=room + 30, r=20, t=40, b=room + 34), shapes=shapes,
+                 height=room + 480)  # a plot area of about 400 px once the label margins are taken
     return figure([trace], lay)
 
 
@@ -309,10 +311,10 @@ def head_entropy_chart(events, seq_id: int, lang: str = "en") -> dict:
     trace = dict(type="heatmap", z=_round(z, 4), x=heads, y=layers, colorscale="Viridis", zmin=0.0,
                  zmax=max(max_bits, 1e-6), colorbar=dict(title=dict(text=t["bits"]), thickness=12),
                  hovertemplate=f"{t['layer']} %{{y}}, {t['head']} %{{x}}<br>%{{z:.2f}} {t['bits']}<extra></extra>")
-    if z.size <= 400:
+    if z.size <= 160:  # small models: a number per cell; beyond that the cells are too small to read (hover)
         trace.update(texttemplate="%{z:.1f}", textfont=dict(size=9))
     title = t["entropy_title"].format(pos=pos, ctx=ctx, max=max_bits)
-    lay = layout(title, uirev,
+    lay = layout(title, uirev, margin=dict(l=50, r=20, t=60, b=40),
                  xaxis=dict(title=dict(text=t["x_head"]), dtick=1, showgrid=False),
                  yaxis=dict(title=dict(text=t["y_layer"]), showgrid=False))
     return figure([trace], lay)
@@ -336,7 +338,11 @@ def lens_columns(events, seq_id: int) -> dict[int, tuple[np.ndarray, list[list[s
 def logit_lens_chart(events, seq_id: int, lang: str = "en", texts: list[str] | None = None,
                      max_positions: int = LENS_MAX_POSITIONS) -> dict:
     """Layers (y, 0 at the bottom) × positions (x): colour = top-1 probability of the lens at that layer,
-    cell text = the top-1 token; hover lists the top-k. `texts` (optional) labels the input tokens."""
+    cell text = the top-1 token where it differs from the layer below, and always in the last layer (the
+    model's own prediction); hover lists the top-k everywhere. `texts` (optional) labels the input tokens.
+
+    Writing only the changes shows where in depth a prediction appears, and it halves the text the browser
+    lays out on every step (480 labels were most of this chart's drawing time, bench/ui_latency.py)."""
     t = tr(lang)
     uirev = "logit-lens"
     cols = lens_columns(events, seq_id)
@@ -354,7 +360,8 @@ def logit_lens_chart(events, seq_id: int, lang: str = "en", texts: list[str] | N
             nxt = f"<br>{t['next']}: {plain(texts[p + 1])}"
         for layer in range(num_layers):
             z[layer, j] = probs[layer, 0]
-            text[layer][j] = plain(toks[layer][0])
+            changed = layer == 0 or layer == num_layers - 1 or toks[layer][0] != toks[layer - 1][0]
+            text[layer][j] = plain(toks[layer][0]) if changed else ""
             top = "<br>".join(f"{plain(tok)}  {pr:.3f}" for tok, pr in zip(toks[layer], probs[layer]))
             hover[layer][j] = top + nxt
     labels = [pos_label(p, texts) for p in positions]

@@ -37,6 +37,7 @@ TEXT = {
         "chosen": "chosen",
         "stage": "stage",
         "tokens_axis": "tracked tokens (top by logit + the chosen one)",
+        "stage_hover": "{name}: {kept:,} of {vocab:,} tokens kept; {removed:.1%} of the probability mass removed",
     },
     "ru": {
         "chain": "Цепочка сэмплирования",
@@ -59,6 +60,7 @@ TEXT = {
         "chosen": "выбран",
         "stage": "этап",
         "tokens_axis": "отслеживаемые токены (лучшие по логиту + выбранный)",
+        "stage_hover": "{name}: осталось {kept:,} из {vocab:,} токенов; убрано {removed:.1%} вероятностной массы",
     },
 }
 
@@ -154,15 +156,15 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
                                   nticks=3, tickfont=dict(size=9),
                                   title=dict(text=tx["prob"] if k == 0 else "", font=dict(size=11)))
         removed = float(st.get("mass_removed") or 0.0)
+        kept_n = int(st.get("num_kept", 0))
+        # one short item per line: a column is about 60 px wide in the page's two-column layout
         if not active:
             sub = f"<b>{name}</b><br>{tx['off']}"
         else:
-            sub = f"<b>{name}</b><br>{int(st.get('num_kept', 0)):,}/{vocab:,}"
-            if removed > 0:
-                sub += f" · −{removed:.1%}"
+            sub = f"<b>{name}</b><br>{kept_n:,}" + (f"<br>−{removed:.1%}" if removed > 0 else "")
         annotations.append(dict(text=sub, x=x0 + width / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
-                                yanchor="bottom", showarrow=False,
-                                font=dict(size=11, color="#333" if active else "#999")))
+                                yanchor="bottom", showarrow=False, font=dict(size=10, color="#333" if active else "#999"),
+                                hovertext=tx["stage_hover"].format(name=name, kept=kept_n, vocab=vocab, removed=removed)))
 
     tok = plot_label(texts[ids.index(chosen)] if chosen in ids else f"#{chosen}")
     title = tx["chain_title"].format(tok=tok, p=float(sampling.get("chosen_prob") or 0.0),
@@ -181,7 +183,7 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
         extra["paper_bgcolor"] = "#FFF6EC"
     lay = layout(title, UIREV_CHAIN, barmode="overlay", bargap=0.15, height=height,
                  # a fixed left margin for labels of LABEL_CHARS and the axis title (see common.py)
-                 margin=dict(l=label_px(12, LABEL_CHARS + 1) + 24, r=20, t=top, b=bottom), annotations=annotations,
+                 margin=dict(l=label_px(12, LABEL_CHARS) + 20, r=20, t=top, b=bottom), annotations=annotations,
                  yaxis=dict(tickmode="array", tickvals=list(range(n)), ticktext=labels, autorange="reversed",
                             ticksuffix=" ", title=dict(text=tx["tokens_axis"], font=dict(size=11)),
                             fixedrange=False),
