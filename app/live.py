@@ -39,6 +39,9 @@ def merge_payloads(old: dict, new: dict) -> dict:
     html = {**old.get("html", {}), **new.get("html", {})}
     stale = (set(old.get("stale", [])) - set(new.get("figs", {}))) | stale_new
     out = {**old, **new, "figs": figs, "html": html}
+    same = (set(old.get("same", [])) | set(new.get("same", []))) - stale_new
+    if same:
+        out["same"] = sorted(same)
     if old.get("op") and not new.get("op"):
         out["op"] = old["op"]  # a step merged with a later refresh is still that step's payload
     if old.get("kind") != new.get("kind"):

@@ -78,10 +78,11 @@ class LabSession:
     lock: threading.RLock = field(default_factory=threading.RLock)
     running: bool = False  # a Run loop is active (Pause clears it)
     what_if: dict | None = None  # the focused sequence's chain recomputed for new slider values, until a step
-    sent_html: dict = field(default_factory=dict)
+    sent_html: dict = field(default_factory=dict)  # the HTML pieces the page already shows (sent only on change)
+    sent_figs: dict = field(default_factory=dict)  # chart id -> JSON of the figure the page last got (ui._unsent_figs)
     speculative: object = None  # engine.SpeculativeConfig for the requests this tab starts next (None: plain)
     spec_comparison: dict | None = None  # the last measured speculative-vs-plain run (engine.speculative)
-    tour: dict | None = None  # the guided tour's current step {"panel", "index", "at"} (shown to lecture viewers)  # the HTML pieces the page already shows (sent only on change)
+    tour: dict | None = None  # the guided tour's current step {"panel", "index", "at"} (shown to lecture viewers)
     # step number -> the small view state right after that step (focus, each sequence's token ids): what a
     # replayed trace needs to draw the same panels without a tokenizer or KV state (app/trace.py)
     views: dict[int, dict] = field(default_factory=dict)

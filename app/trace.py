@@ -346,6 +346,7 @@ class ReplaySession:
         # the attributes a UI handler touches on a live session
         self.lock = threading.RLock()
         self.sent_html: dict = {}
+        self.sent_figs: dict = {}
         self.running = False
         self.last_used = time.time()
         self._chosen: int | None = None

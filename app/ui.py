@@ -91,7 +91,8 @@ class LabHandlers:
             p["stale"] = [c for c in p.get("stale", []) if c not in near]
             out = self._deliver(p, view[-1])
             rest = render.build_payload(s, *_view_args(view), self.holder.machine, what_if, only=near)
-            self._deliver({"figs": rest["figs"]}, view[-1])
+            figs, same = _unsent_figs(s, rest["figs"])
+            self._deliver({"figs": figs, "same": same}, view[-1])
             return out
         return self._deliver(p, view[-1])
 
@@ -113,6 +114,7 @@ class LabHandlers:
         # page shows would be wrong for it (an error banner stayed after the next good step).
         p["html"] = {k: v for k, v in p["html"].items() if k == "html-message" or s.sent_html.get(k) != v}
         s.sent_html.update(p["html"])
+        p["figs"], p["same"] = _unsent_figs(s, p["figs"])
         if self.lecture is not None:
             self.lecture.changed(s, (lang, layer, head, word, npos))
         return p
@@ -282,9 +284,11 @@ class LabHandlers:
                 # the sliders equal what the last step sampled with: a Step (over the websocket, faster than
                 # this event) already applied them, or the user moved a slider back. That is no what-if.
                 s.what_if = None
+                s.sent_figs.pop("chart-sampling", None)  # these two payloads bypass _unsent_figs
                 return self._deliver(render.chain_payload(s, lang, *self._status(s, lang)), visible)
             trace = s.engine.what_if(s.focus, params)
             s.what_if = trace
+            s.sent_figs.pop("chart-sampling", None)
             return self._deliver(render.what_if_payload(s, trace, lang), visible)
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
@@ -431,6 +435,23 @@ class LabHandlers:
                 + [gr.update(label=t("branch_btn", lang)), gr.update(samples=[[e] for e in EXAMPLES[lang]])]
                 + [gr.update(label=t("lecture", lang)), gr.update(label=t("token", lang)),
                    gr.update(value=t("present", lang)), gr.update(value=t("unpresent", lang))])
+
+
+def _unsent_figs(s, figs: dict) -> tuple[dict, list[str]]:
+    """(the figures that differ from what this tab last got, the ids of those equal to it), recording the sent.
+
+    Plotly.react redraws a whole chart for every new figure object, even an equal one (about 30 ms for the
+    embedding-neighbours chart, which only changes with the chosen word): an unchanged chart is not resent.
+    The page clears its stale mark for the `same` ids (lab.js)."""
+    out, same = {}, []
+    for cid, fig in figs.items():
+        key = render.dumps(fig)
+        if s.sent_figs.get(cid) == key:
+            same.append(cid)
+        else:
+            out[cid] = fig
+            s.sent_figs[cid] = key
+    return out, same
 
 
 def _view_args(view) -> tuple:

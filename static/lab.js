@@ -118,6 +118,7 @@
     }
     state.timings = { html: performance.now() - tStart };
     for (const id of p.stale || []) state.stale[id] = true;
+    for (const id of p.same || []) delete state.stale[id];  // built, and equal to what this page has (not resent)
     observeAll();
     // charts on screen are drawn now; those just outside it (about to scroll in) right after this task, so
     // they never delay what the user is looking at; off-screen charts are drawn when scrolled into view.

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from app import render
 from app.render import CHART_IDS
 from app.server import ModelHolder
 from app.session import SessionRegistry
@@ -38,7 +39,13 @@ def test_step_payload_matches_engine_event(lab):
     second = json.loads(h.step(*args(), request=req()))
     s = registry.sessions["tab-a"]
     assert len(s.events) == 2
-    assert set(CHART_IDS) <= set(second["figs"])
+    # every chart is built; one whose figure equals what the tab already has is named in "same", not resent
+    # (the speculative panel's placeholders do not change without a speculative request)
+    assert set(CHART_IDS) == set(second["figs"]) | set(second["same"])
+    assert not set(second["figs"]) & set(second["same"])
+    assert {c for c in CHART_IDS if c.startswith("chart-spec")} <= set(second["same"])
+    now = render.build_payload(s, "en", 3, 2, "", None, h.holder.machine)["figs"]
+    assert all(first["figs"][c] == json.loads(render.dumps(now[c])) for c in second["same"])
     ev = s.events[-1].seq(s.focus)
     # the sampling chart's last stage bars are the trace's final probabilities
     fig = second["figs"]["chart-sampling"]

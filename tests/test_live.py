@@ -255,3 +255,8 @@ def test_merged_payloads_equal_applying_both():
     m = merge_payloads(a, b)
     assert m["figs"] == {"x": 1, "z": 2} and m["html"] == {"h": "b", "k": "a"}
     assert m["stale"] == ["y"] and m["t"] == 2
+    # "same": built and equal to what the page has, so not resent; a later stale mark wins over it
+    c = {"figs": {}, "same": ["x", "w"], "stale": [], "t": 3}
+    d = {"figs": {}, "same": ["v"], "stale": ["w"], "t": 4}
+    m2 = merge_payloads(merge_payloads(m, c), d)
+    assert m2["same"] == ["v", "x"] and set(m2["stale"]) == {"w", "y"} and m2["figs"] == {"x": 1, "z": 2}
