@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from engine import Capture, Engine, SamplingParams  # noqa: E402
+from engine import Capture, Engine, SamplingParams, compute  # noqa: E402
 from engine.metrics import measure_bandwidth  # noqa: E402
 
 PROMPT = "Что такое гравитация? Explain it step by step."
@@ -64,7 +64,10 @@ def main() -> None:
     eng = Engine.from_pretrained("bundled", device="cpu")
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(eng.loaded.source_dir), dtype=torch.float32).eval()
+    # the reference runs on the engine's compute thread too: a second thread calling torch would start a second
+    # OpenMP team, and two teams slow each other down on a small machine (engine/compute.py)
+    hf = compute.run(lambda: AutoModelForCausalLM.from_pretrained(str(eng.loaded.source_dir),
+                                                                  dtype=torch.float32).eval())
     ids = eng.encode(PROMPT).token_ids
     decode_steps(eng.session(), [PROMPT], 8, trace=False)  # warm-up
 
@@ -72,7 +75,7 @@ def main() -> None:
     for _ in range(args.repeats):
         # interleave the contenders so machine noise hits all of them alike
         light += decode_steps(eng.session(), [PROMPT], args.tokens, trace=False)[0]
-        hf_ms.append(hf_decode_ms(hf, ids, args.tokens))
+        hf_ms.append(compute.run(hf_decode_ms, hf, ids, args.tokens))
         inst = eng.session()
         inst.instrument = Capture()
         full += decode_steps(inst, [PROMPT], args.tokens, trace=True)[0]

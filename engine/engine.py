@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import metrics
+from . import compute, metrics
 from . import speculative as spec_mod
 from .events import CaptureData, SeqEvent, StepEvent
 from .kv_cache import BlockManager, kv_bytes_per_token, num_blocks_for_budget
@@ -88,6 +88,7 @@ class Engine:
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
+    @compute.routed
     def from_pretrained(cls, source: str = "bundled", device: str = "cpu", dtype: torch.dtype | None = None,
                         progress: Callable[[float, str], None] | None = None, **kwargs) -> "Engine":
         device = _check_device(device)
@@ -103,6 +104,7 @@ class Engine:
             progress(1.0, "Ready")
         return cls(loaded, model, **kwargs)
 
+    @compute.routed
     def session(self, **overrides) -> "Engine":
         """A new engine with its own KV pool and requests, sharing this one's weights (and loaded draft models)."""
         eng = Engine(self.loaded, self.model, **{**self._settings, **overrides})
@@ -195,6 +197,7 @@ class Engine:
             raise ValueError(f"sequence {seq_id} has finished; rewind or branch it first")
         seq.forced_token = token_id
 
+    @compute.routed
     def rewind(self, seq_id: int, num_output_tokens: int) -> None:
         """Drop generated tokens after the first `num_output_tokens`; their KV slots are released."""
         with self._lock:
@@ -217,6 +220,7 @@ class Engine:
                 seq.spec.drafter.forget(seq_id, keep_tokens=seq.num_tokens - 1)
                 seq.spec_k = self._spec_k(seq)
 
+    @compute.routed
     def branch(self, seq_id: int, num_output_tokens: int, params: SamplingParams | None = None) -> int:
         """A new sequence that shares the first `num_output_tokens` outputs (and their KV blocks)."""
         with self._lock:
@@ -253,6 +257,7 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
+    @compute.routed
     def what_if(self, seq_id: int, params: SamplingParams, top_n: int = 20) -> dict:
         """Recompute the last step's sampling chain of `seq_id` with other parameters, no model rerun.
 
@@ -271,6 +276,7 @@ class Engine:
         trace.token_texts = [self.token_text(t) for t in trace.token_ids]
         return trace.to_dict()
 
+    @compute.routed
     def nearest_tokens(self, token_id: int, k: int = 10) -> list[tuple[int, str, float]]:
         """The k vocabulary entries whose input embeddings are closest (cosine) to `token_id`'s."""
         if not isinstance(token_id, int) or not 0 <= token_id < self.spec.vocab_size:
@@ -298,8 +304,14 @@ class Engine:
     # ---- the step ---------------------------------------------------------------------------------
     def step(self, trace: bool = True) -> StepEvent:
         """One scheduler step. `trace` keeps the sampling chain of every sampled token in the event."""
+        return self._locked_step(trace, self.instrument)
+
+    @compute.routed
+    def _locked_step(self, trace: bool, capture: Capture | None) -> StepEvent:
+        # tensor work runs on the one compute thread (engine/compute.py), and the engine's lock is taken there
+        # too: a caller holding it while waiting for the compute thread could deadlock with a routed rewind
         with self._lock:
-            return self._step(trace=trace, capture=self.instrument)
+            return self._step(trace=trace, capture=capture)
 
     def _step(self, trace: bool, capture: Capture | None) -> StepEvent:
         t0 = time.perf_counter()
@@ -643,8 +655,7 @@ class Engine:
         seq = self.sequences[rid]
         try:
             while seq.status is not Status.FINISHED:
-                with self._lock:
-                    event = self._step(trace=False, capture=None)
+                event = self._locked_step(False, None)
                 ev = event.seq(rid)
                 if ev is not None:
                     yield ev
@@ -667,8 +678,7 @@ class Engine:
     def run_until_done(self, trace: bool = False) -> list[StepEvent]:
         events = []
         while self.has_unfinished():
-            with self._lock:
-                events.append(self._step(trace=trace, capture=self.instrument))
+            events.append(self._locked_step(trace, self.instrument))
         return events
 
 

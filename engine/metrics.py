@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from . import compute
+
 
 def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int,
                    bytes_per_elem: float) -> float:
@@ -66,6 +68,7 @@ def step_cost(weight_bytes: int, params_per_token: int, head_params: int, kv_byt
 
 
 @functools.lru_cache(maxsize=None)
+@compute.routed
 def measure_bandwidth(device: str = "cpu", mbytes: int = 512, repeats: int = 7) -> float:
     """Read bandwidth in bytes/s: a reduction over a buffer far larger than any cache, best of `repeats`.
 
@@ -85,6 +88,7 @@ def measure_bandwidth(device: str = "cpu", mbytes: int = 512, repeats: int = 7) 
 
 
 @functools.lru_cache(maxsize=None)
+@compute.routed
 def measure_peak_flops(device: str = "cpu", n: int = 1024, repeats: int = 5) -> float:
     """FLOP/s of a square fp32 matmul, best of `repeats` (an achievable peak, not the datasheet's)."""
     a = torch.randn(n, n, device=device)

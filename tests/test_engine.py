@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import Capture, SamplingParams
+from engine import Capture, SamplingParams, compute
 
 QUESTIONS = [
     "Hi!",
@@ -216,3 +216,33 @@ def test_random_operations_never_leak_blocks(base_engine, ops):
         eng.step(trace=False)
         check_pool(eng)
     assert eng.blocks.stats()["used"] == 0
+
+
+def test_tensor_work_runs_on_one_thread_whoever_calls(engine):
+    """engine/compute.py: steps, what-if and rewinds asked for from different threads all run on the one
+    compute thread (a second calling thread would start a second OpenMP team; two teams slow each other)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    seen = []
+    forward = engine.model.forward
+
+    def recording_forward(*args, **kwargs):
+        seen.append(threading.get_ident())
+        return forward(*args, **kwargs)
+
+    engine.model.forward = recording_forward
+    try:
+        rid = engine.add_request("Что такое гравитация?", greedy(12))
+        engine.step()
+        with ThreadPoolExecutor(3) as pool:  # other threads, at once: no deadlock, one thread does the work
+            futures = [pool.submit(engine.step) for _ in range(3)]
+            futures.append(pool.submit(engine.rewind, rid, 1))
+            futures += [pool.submit(engine.step) for _ in range(2)]
+            for f in futures:
+                f.result(timeout=120)
+        assert engine.what_if(rid, SamplingParams(temperature=1.3))["token_ids"]
+    finally:
+        engine.model.forward = forward
+    assert len(seen) >= 5 and set(seen) == {compute.run(threading.get_ident)}
+    assert not compute.on_compute_thread()  # the test itself runs elsewhere

@@ -1,0 +1,51 @@
+"""One thread for the tensor work of a multi-threaded host, such as the web app's request handlers.
+
+Why: torch's CPU kernels run on an OpenMP team that belongs to the thread that calls them, and GNU OpenMP
+lets a team's idle workers spin (a fast hand-over to the next parallel region) only while the process has no
+more OpenMP threads than CPU cores. Handlers run on changing server threads; the second thread that calls
+torch brings a second team, every team then sleeps between regions, and a decode step pays for waking it
+~120 times: on 2 cores a step went from ~62 to ~90 ms, for every session in the process.
+
+`run(fn, ...)` calls fn on the one compute thread and waits for it, so the process keeps one team; the
+Engine's methods that do tensor work are @routed here, so every host (the web app's handler threads, the CLI,
+tests) gets this without knowing. Calls made on the compute thread itself run directly (an engine method may
+call another). Work from several sessions queues up here; it would contend for the same cores anyway. A host
+that runs torch itself on another thread (a reference model in a benchmark) should do it through `run` too.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferlab-compute")
+_ident: list[int] = []  # the compute thread's id, once it has started
+
+
+def _remember() -> None:
+    _ident.append(threading.get_ident())
+
+
+_pool.submit(_remember).result()
+
+
+def on_compute_thread() -> bool:
+    return threading.get_ident() in _ident
+
+
+def run(fn: Callable[..., T], *args, **kwargs) -> T:
+    """fn(*args, **kwargs) on the compute thread; its result, or its exception raised here."""
+    if on_compute_thread():
+        return fn(*args, **kwargs)
+    return _pool.submit(fn, *args, **kwargs).result()
+
+
+def routed(fn: Callable[..., T]) -> Callable[..., T]:
+    """Decorator: every call of fn runs on the compute thread (see the module's docstring)."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return run(fn, *args, **kwargs)
+    return call
