@@ -65,6 +65,9 @@ TEXT = {
 }
 
 
+HEADER_ROW = 28  # px between the two rows of stage headers (two lines of 10 px text each)
+
+
 def _t(lang: str) -> dict:
     return TEXT.get(lang, TEXT["en"])
 
@@ -162,8 +165,10 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
             sub = f"<b>{name}</b><br>{tx['off']}"
         else:
             sub = f"<b>{name}</b><br>{kept_n:,}" + (f"<br>−{removed:.1%}" if removed > 0 else "")
+        # headers alternate between two rows: "penalties" and "temperature" side by side would overlap
         annotations.append(dict(text=sub, x=x0 + width / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
-                                yanchor="bottom", showarrow=False, font=dict(size=10, color="#333" if active else "#999"),
+                                yanchor="bottom", yshift=HEADER_ROW * (k % 2), showarrow=False,
+                                font=dict(size=10, color="#333" if active else "#999"),
                                 hovertext=tx["stage_hover"].format(name=name, kept=kept_n, vocab=vocab, removed=removed)))
 
     tok = plot_label(texts[ids.index(chosen)] if chosen in ids else f"#{chosen}")
@@ -171,14 +176,14 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
                                      rank=sampling.get("chosen_rank", "?"))
     extra = {}
     height = max(300, 18 * n + 140)
-    top, bottom = 80, 45
+    top, bottom = 80 + HEADER_ROW, 45
     if what_if:
         title = f"{title} — {tx['what_if']}"
         annotations.append(dict(text=f"<b>{tx['what_if_badge']}</b>", x=1.0, y=1.0, xref="paper", yref="paper",
-                                xanchor="right", yanchor="bottom", yshift=34, showarrow=False,
+                                xanchor="right", yanchor="bottom", yshift=34 + HEADER_ROW, showarrow=False,
                                 font=dict(size=12, color="white"), bgcolor=WHAT_IF_COLOR, borderpad=3))
         extra["shapes"] = [dict(type="rect", xref="paper", yref="paper", x0=-0.005, x1=1.005, y0=-0.02,
-                                y1=1.0 + 34 / max(1, height - top - bottom),
+                                y1=1.0 + (34 + HEADER_ROW) / max(1, height - top - bottom),
                                 line=dict(color=WHAT_IF_COLOR, width=3), fillcolor="rgba(0,0,0,0)", layer="above")]
         extra["paper_bgcolor"] = "#FFF6EC"
     lay = layout(title, UIREV_CHAIN, barmode="overlay", bargap=0.15, height=height,
