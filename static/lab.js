@@ -124,6 +124,7 @@
     // they never delay what the user is looking at; off-screen charts are drawn when scrolled into view.
     // All positions are read before any drawing: a read after a draw would lay out the whole page again.
     const now = [], near = [];
+    const tPos = performance.now();
     for (const [id, fig] of Object.entries(p.figs || {})) {
       delete state.stale[id];
       const el = document.getElementById(id);
@@ -133,6 +134,7 @@
       if (isVisible(el, 0)) now.push(id);
       else if (isVisible(el)) near.push(id);
     }
+    state.timings.positions = performance.now() - tPos;  // the first read after the HTML lays the page out
     now.forEach(draw);
     if (near.length) setTimeout(() => near.forEach((id) => { if (state.pending[id]) draw(id); }), 0);
     if (p.tour && p.tour.at !== state.tourAt) { state.tourAt = p.tour.at; showTourPanel(p.tour.panel); }
