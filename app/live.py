@@ -27,6 +27,7 @@ from collections import deque
 
 log = logging.getLogger("inferlab")
 
+MAX_PENDING_BINDS = 1024  # bindings waiting for their tab's socket (page ids are random; the oldest go first)
 MAX_PENDING_EVENTS = 256  # a viewer this far behind gets a resync (the latest frame) instead of the backlog
 PRESENTER_KEY = "__lecture__"  # the session a scripted presenter drives when no tab is presenting
 
@@ -112,6 +113,8 @@ class Hub:
         self.frame_count = 0
         self.on_join = None  # called (in the event loop) when a viewer arrives: the lecture builds a frame
         self._lock = threading.Lock()
+        # client id -> session key, for a tab whose first Gradio event came before its socket had connected
+        self.pending_binds: dict[str, str] = {}
 
     # ---- called from any thread -------------------------------------------------------------------
     def check_token(self, token: str | None) -> bool:
@@ -134,7 +137,14 @@ class Hub:
         id): from then on the page may send Step over this channel (tab_session). Only the server binds, so a
         page can drive no session but its own; the first binding tells the page it may."""
         ch = self.tabs.get(client)
-        if ch is None or not ch.alive or self.loop is None or ch.session_key == session_key:
+        if ch is None or not ch.alive or self.loop is None:
+            # the page's socket is still connecting (its first Step can come sooner): tie it when it arrives
+            with self._lock:
+                if len(self.pending_binds) >= MAX_PENDING_BINDS:
+                    self.pending_binds.pop(next(iter(self.pending_binds)))
+                self.pending_binds[client] = session_key
+            return
+        if ch.session_key == session_key:
             return
         ch.session_key = session_key
         self.loop.call_soon_threadsafe(ch.send_message, json.dumps({"type": "bound"}))
@@ -189,6 +199,11 @@ class Hub:
             if old is not None:
                 old.alive = False
             self.tabs[key] = ch
+            with self._lock:
+                pending = self.pending_binds.pop(key, None)
+            if pending is not None:
+                ch.session_key = pending
+                ch.send_message(json.dumps({"type": "bound"}))
         elif role == "viewer":
             self.viewers.add(ch)
             ch.send_message(json.dumps({"type": "hello", "role": role, "presenting": self.presenter is not None,

@@ -260,3 +260,25 @@ def test_merged_payloads_equal_applying_both():
     d = {"figs": {}, "same": ["v"], "stale": ["w"], "t": 4}
     m2 = merge_payloads(merge_payloads(m, c), d)
     assert m2["same"] == ["v", "x"] and set(m2["stale"]) == {"w", "y"} and m2["figs"] == {"x": 1, "z": 2}
+
+
+def test_a_tab_whose_first_step_beats_its_socket_is_tied_when_the_socket_arrives(server):
+    """A page's first Gradio event can arrive before its websocket has connected; the binding waits for it."""
+    ws_url, app = server
+    client, key = "tab-late-socket", "tab-late-session"
+    handlers = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
+    assert not app.state.hub.has_tab(client)
+    handlers.view("en", 0, 0, "", None, json.dumps({"client": client, "ids": ["chart-bytes"]}),
+                  SimpleNamespace(session_hash=key))
+
+    async def go():
+        async with connect(ws_url + f"/ws/lab?client={client}", proxy=None, max_size=None) as ws:
+            await recv_until(ws, lambda m: m["type"] == "bound", timeout=10)  # at once, without another event
+            await ws.send(json.dumps({"op": "step", "inputs": STEP_INPUTS}))
+            return (await recv_until(ws, lambda m: m["type"] == "payload"))[-1]["payload"]
+
+    before = len(app.state.registry.sessions[key].events)
+    payload = asyncio.run(go())
+    assert payload["op"] == "step" and "not tied" not in payload["html"].get("html-message", "")
+    assert len(app.state.registry.sessions[key].events) == before + 1
+    assert client not in app.state.hub.pending_binds
