@@ -440,9 +440,9 @@ class LabHandlers:
 def _unsent_figs(s, figs: dict) -> tuple[dict, list[str]]:
     """(the figures that differ from what this tab last got, the ids of those equal to it), recording the sent.
 
-    Plotly.react redraws a whole chart for every new figure object, even an equal one (about 30 ms for the
-    embedding-neighbours chart, which only changes with the chosen word): an unchanged chart is not resent.
-    The page clears its stale mark for the `same` ids (lab.js)."""
+    Plotly.react redraws a whole chart for every new figure object, even an equal one (20-40 ms for a chart
+    here): a chart that did not change (the speculative panel while speculation is off, the neighbours of a
+    pinned token position, ...) is not resent. The page clears its stale mark for the `same` ids (lab.js)."""
     out, same = {}, []
     for cid, fig in figs.items():
         key = render.dumps(fig)
