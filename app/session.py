@@ -79,7 +79,7 @@ class LabSession:
     running: bool = False  # a Run loop is active (Pause clears it)
     what_if: dict | None = None  # the focused sequence's chain recomputed for new slider values, until a step
     sent_html: dict = field(default_factory=dict)  # the HTML pieces the page already shows (sent only on change)
-    sent_figs: dict = field(default_factory=dict)  # chart id -> JSON of the figure the page last got (ui._unsent_figs)
+    sent_figs: dict = field(default_factory=dict)  # chart id -> the figure the page last got (ui._drop_unchanged)
     speculative: object = None  # engine.SpeculativeConfig for the requests this tab starts next (None: plain)
     spec_comparison: dict | None = None  # the last measured speculative-vs-plain run (engine.speculative)
     tour: dict | None = None  # the guided tour's current step {"panel", "index", "at"} (shown to lecture viewers)

@@ -91,8 +91,7 @@ class LabHandlers:
             p["stale"] = [c for c in p.get("stale", []) if c not in near]
             out = self._deliver(p, view[-1])
             rest = render.build_payload(s, *_view_args(view), self.holder.machine, what_if, only=near)
-            figs, same = _unsent_figs(s, rest["figs"])
-            self._deliver({"figs": figs, "same": same}, view[-1])
+            self._deliver(_drop_unchanged(s, {"figs": rest["figs"]}), view[-1])
             return out
         return self._deliver(p, view[-1])
 
@@ -114,7 +113,7 @@ class LabHandlers:
         # page shows would be wrong for it (an error banner stayed after the next good step).
         p["html"] = {k: v for k, v in p["html"].items() if k == "html-message" or s.sent_html.get(k) != v}
         s.sent_html.update(p["html"])
-        p["figs"], p["same"] = _unsent_figs(s, p["figs"])
+        _drop_unchanged(s, p)
         if self.lecture is not None:
             self.lecture.changed(s, (lang, layer, head, word, npos))
         return p
@@ -284,12 +283,11 @@ class LabHandlers:
                 # the sliders equal what the last step sampled with: a Step (over the websocket, faster than
                 # this event) already applied them, or the user moved a slider back. That is no what-if.
                 s.what_if = None
-                s.sent_figs.pop("chart-sampling", None)  # these two payloads bypass _unsent_figs
-                return self._deliver(render.chain_payload(s, lang, *self._status(s, lang)), visible)
+                return self._deliver(_drop_unchanged(s, render.chain_payload(s, lang, *self._status(s, lang))),
+                                     visible)
             trace = s.engine.what_if(s.focus, params)
             s.what_if = trace
-            s.sent_figs.pop("chart-sampling", None)
-            return self._deliver(render.what_if_payload(s, trace, lang), visible)
+            return self._deliver(_drop_unchanged(s, render.what_if_payload(s, trace, lang)), visible)
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
@@ -437,21 +435,22 @@ class LabHandlers:
                    gr.update(value=t("present", lang)), gr.update(value=t("unpresent", lang))])
 
 
-def _unsent_figs(s, figs: dict) -> tuple[dict, list[str]]:
-    """(the figures that differ from what this tab last got, the ids of those equal to it), recording the sent.
+def _drop_unchanged(s, p: dict) -> dict:
+    """Keep in payload `p` only the figures that differ from what this tab last got (recorded in s.sent_figs);
+    the ids of the equal ones go to p["same"], where the page clears their stale mark (lab.js).
 
     Plotly.react redraws a whole chart for every new figure object, even an equal one (20-40 ms for a chart
     here): a chart that did not change (the speculative panel while speculation is off, the neighbours of a
-    pinned token position, ...) is not resent. The page clears its stale mark for the `same` ids (lab.js)."""
-    out, same = {}, []
-    for cid, fig in figs.items():
-        key = render.dumps(fig)
-        if s.sent_figs.get(cid) == key:
+    pinned token position, a what-if equal to the one shown) is not resent. Figures are plain JSON-ready
+    values, never mutated once built, so comparing them with == is exact and cheaper than encoding them."""
+    figs, same = {}, []
+    for cid, fig in p.get("figs", {}).items():
+        if s.sent_figs.get(cid) == fig:
             same.append(cid)
         else:
-            out[cid] = fig
-            s.sent_figs[cid] = key
-    return out, same
+            figs[cid] = s.sent_figs[cid] = fig
+    p["figs"], p["same"] = figs, same
+    return p
 
 
 def _view_args(view) -> tuple:

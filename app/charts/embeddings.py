@@ -42,6 +42,14 @@ def _tr(lang: str) -> dict:
     return TEXT[lang if lang in TEXT else "en"]
 
 
+def _eigen_desc(gram: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Eigenvalues (largest first, clipped at 0), their eigenvectors, and how many of the first two are nonzero."""
+    evals, vecs = np.linalg.eigh(gram)
+    order = np.argsort(evals)[::-1]
+    evals, vecs = np.clip(evals[order], 0.0, None), vecs[:, order]
+    return evals, vecs, int(min(2, np.count_nonzero(evals > 1e-12 * max(evals[0], 1e-300))))
+
+
 def pca_2d(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows of `x` projected on their first two principal components, and the explained-variance ratios.
 
@@ -57,16 +65,10 @@ def pca_2d(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     # the principal axes from the smaller of the two Gram matrices (n×n for a sequence shorter than the
     # hidden size): the same components as an SVD at a fraction of its cost, which runs on every step
     if n <= xc.shape[1]:
-        evals, u = np.linalg.eigh(xc @ xc.T)
-        order = np.argsort(evals)[::-1]
-        evals, u = np.clip(evals[order], 0.0, None), u[:, order]
-        k = int(min(2, np.count_nonzero(evals > 1e-12 * max(evals[0], 1e-300))))
+        evals, u, k = _eigen_desc(xc @ xc.T)
         comps = (u[:, :k].T @ xc) / np.sqrt(evals[:k])[:, None] if k else np.zeros((0, xc.shape[1]))
     else:
-        evals, v = np.linalg.eigh(xc.T @ xc)
-        order = np.argsort(evals)[::-1]
-        evals, v = np.clip(evals[order], 0.0, None), v[:, order]
-        k = int(min(2, np.count_nonzero(evals > 1e-12 * max(evals[0], 1e-300))))
+        evals, v, k = _eigen_desc(xc.T @ xc)
         comps = v[:, :k].T.copy()
     for i in range(k):
         if comps[i, np.argmax(np.abs(comps[i]))] < 0:
