@@ -93,7 +93,7 @@ def main() -> None:
         ("ours, batch 8 (aggregate)", b8, 8e3 / b8),
     ]
     print(f"model: {eng.model_id}; prompt {len(ids)} tokens; {args.tokens} decode steps × {args.repeats} runs; "
-          f"torch threads {torch.get_num_threads()}")
+          f"torch threads {compute.THREADS}")
     print(f"{'':40s} {'ms/step':>9s} {'tok/s':>8s}")
     for name, ms, tps in rows:
         print(f"{name:40s} {ms:9.1f} {tps:8.1f}")

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from engine import Engine, SamplingParams, SpeculativeConfig  # noqa: E402
+from engine import Engine, SamplingParams, SpeculativeConfig, compute  # noqa: E402
 from engine.metrics import expected_tokens_per_pass  # noqa: E402
 from engine.speculative import compare_with_plain  # noqa: E402
 
@@ -73,7 +73,7 @@ def main() -> None:
             print(f"  {pname:10s} {dname:20s} done", file=sys.stderr)
 
     print(f"model: {eng.model_id}; greedy, up to {args.tokens} tokens; medians of {args.repeats} alternating run(s); "
-          f"torch threads {torch.get_num_threads()}")
+          f"torch threads {compute.THREADS}")
     print()
     print("| prompt | drafter | k | plain tok/s | spec tok/s | speed-up | α | tokens/pass measured | "
           "formula (1−α^(k+1))/(1−α) | formula, rounds' k | tokens | same ids |")

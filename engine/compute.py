@@ -11,6 +11,11 @@ Engine's methods that do tensor work are @routed here, so every host (the web ap
 tests) gets this without knowing. Calls made on the compute thread itself run directly (an engine method may
 call another). Work from several sessions queues up here; it would contend for the same cores anyway. A host
 that runs torch itself on another thread (a reference model in a benchmark) should do it through `run` too.
+
+Torch work that stays elsewhere (the UI converting an event's tensors, indexing a capture) is small, but one
+parallel kernel on a thread is enough to give that thread a team for good: the web app had three. So the
+compute thread keeps torch's thread count, and every other thread runs torch single-threaded. torch copies
+its thread count into each thread the first time that thread calls it, and OpenMP keeps a count per thread.
 """
 from __future__ import annotations
 
@@ -19,17 +24,23 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
+import torch
+
 T = TypeVar("T")
 
 _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferlab-compute")
 _ident: list[int] = []  # the compute thread's id, once it has started
 
 
-def _remember() -> None:
+def _start() -> int:
     _ident.append(threading.get_ident())
+    threads = torch.get_num_threads()  # OMP_NUM_THREADS, or one per core
+    torch.set_num_threads(threads)  # this thread's own count, kept when the default below changes
+    return threads
 
 
-_pool.submit(_remember).result()
+THREADS = _pool.submit(_start).result()
+torch.set_num_threads(1)  # this thread, and the default of every thread that first calls torch from now on
 
 
 def on_compute_thread() -> bool:

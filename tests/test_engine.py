@@ -246,3 +246,29 @@ def test_tensor_work_runs_on_one_thread_whoever_calls(engine):
         engine.model.forward = forward
     assert len(seen) >= 5 and set(seen) == {compute.run(threading.get_ident)}
     assert not compute.on_compute_thread()  # the test itself runs elsewhere
+
+
+def test_torch_on_other_threads_starts_no_openmp_team():
+    """engine/compute.py: a parallel kernel on a thread that is not the compute thread runs on that thread
+    alone; a worker team of its own would make every team sleep between regions (slower steps for all)."""
+    import os
+    import threading
+
+    def os_threads():
+        return len(os.listdir("/proc/self/task"))
+
+    big = torch.randn(3000, 3000)  # well above torch's grain size: this kernel would go parallel
+    rows = torch.randint(0, 3000, (3000,))
+    seen = {}
+
+    def ui_work():
+        seen["torch_threads"] = torch.get_num_threads()
+        seen["before"] = os_threads()
+        (big[rows] * 2 + 1).sum()  # an index kernel, then elementwise ones
+        seen["after"] = os_threads()
+
+    t = threading.Thread(target=ui_work)
+    t.start()
+    t.join()
+    assert seen["torch_threads"] == 1 and seen["after"] == seen["before"]
+    assert compute.run(torch.get_num_threads) == compute.THREADS >= 1
