@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from app.charts.common import LABEL_CHARS, axis_title
 from app.charts import attention as A
 from app.charts import embeddings as E
 from app.charts import logits as LG
@@ -136,7 +137,7 @@ def test_attention_heatmap_values_labels_and_highlight(run):
     (shape,) = fig["layout"]["shapes"]
     assert shape["y0"] == n - 1.5 and shape["y1"] == n - 0.5
     assert fig["layout"]["uirevision"] == "attention-heatmap"
-    assert fig["layout"]["xaxis"]["title"]["text"] and fig["layout"]["yaxis"]["title"]["text"]
+    assert axis_title(fig, "xaxis") and axis_title(fig, "yaxis")
     # a window of the last 20 positions
     m, _ = A.attention_matrix(run.events, run.a, LAYER, HEAD)
     small = valid(A.attention_heatmap(run.events, run.a, LAYER, HEAD, texts, max_positions=20))
@@ -299,8 +300,8 @@ def test_embedding_pca_reproduces_the_projection(run):
     prompt_tr, gen_tr = fig["data"]
     assert all(p < n_prompt for (p,) in prompt_tr["customdata"]) and all(p >= n_prompt for (p,) in gen_tr["customdata"])
     ratio = w[order] / w.sum()
-    assert f"{100 * ratio[0]:.1f}%" in fig["layout"]["xaxis"]["title"]["text"]
-    assert f"{100 * ratio[1]:.1f}%" in fig["layout"]["yaxis"]["title"]["text"]
+    assert f"{100 * ratio[0]:.1f}%" in axis_title(fig, "xaxis")
+    assert f"{100 * ratio[1]:.1f}%" in axis_title(fig, "yaxis")
 
 
 def test_pca_small_inputs():
@@ -319,6 +320,9 @@ def test_neighbours_chart(run):
     assert tr["customdata"] == [i for i, _, _ in nb]
     assert all(lab.endswith(f"#{i}") for lab, (i, _, _) in zip(tr["y"], nb))
     assert tr["orientation"] == "h"
+    # a long token is cut on the axis (the margin is fixed) and whole in the hover
+    (long,) = E.neighbours_chart([(7, "x" * 30, 0.5)], "b")["data"]
+    assert long["y"] == ["x" * (LABEL_CHARS - 1) + "…  #7"] and long["hovertext"] == ["x" * 30 + "  #7"]
 
 
 def test_bytes_per_token_chart(run):

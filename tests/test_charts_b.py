@@ -433,3 +433,28 @@ def test_empty_inputs_give_placeholders():
         json.dumps(fig, allow_nan=False)
     uirevs = [f["layout"]["uirevision"] for f in figs]
     assert len(set(uirevs)) == len(uirevs)
+
+
+def test_axis_titles_sit_at_the_margins_outer_edge():
+    """common.titles_at_margin: titles of axes on the plot area's edge become annotations in their margin;
+    an axis in the middle of the figure, or with a margin Plotly sizes, keeps Plotly's own title."""
+    from app.charts.common import axis_title, figure, layout
+
+    lay = layout("t", "chart-x", margin=dict(l=70, r=30, t=40, b=60),
+                 xaxis=dict(title=dict(text="X"), domain=[0, 0.45]), yaxis=dict(title=dict(text="Y")),
+                 yaxis2=dict(title=dict(text="Y2"), overlaying="y", side="right"),
+                 xaxis3=dict(title=dict(text="X3"), anchor="y3", domain=[0.55, 1]),
+                 yaxis3=dict(title=dict(text="Y3"), anchor="x3", domain=[0.5, 1]),
+                 xaxis4=dict(title=dict(text="X4"), automargin=True))
+    fig = figure([], lay)
+    notes = {a["name"]: a for a in fig["layout"]["annotations"]}
+    x, y, y2 = notes["axis-title:xaxis"], notes["axis-title:yaxis"], notes["axis-title:yaxis2"]
+    assert (x["xref"], x["x"], x["yref"], x["y"], x["yshift"]) == ("x domain", 0.5, "paper", 0, -58)
+    assert (y["xref"], y["x"], y["xshift"], y["yref"], y["textangle"]) == ("paper", 0, -68, "y domain", -90)
+    assert (y2["x"], y2["xanchor"], y2["xshift"]) == (1, "right", 28)
+    # x3 sits above the bottom (its y3 starts at 0.5), y3 starts right of the plot's left edge (x3 at 0.55)
+    assert "axis-title:xaxis3" not in notes and fig["layout"]["xaxis3"]["title"]["text"] == "X3"
+    assert "axis-title:yaxis3" not in notes and fig["layout"]["yaxis3"]["title"]["text"] == "Y3"
+    assert "axis-title:xaxis4" not in notes and fig["layout"]["xaxis4"]["title"]["text"] == "X4"
+    assert fig["layout"]["xaxis"]["title"] == {"text": ""}
+    assert [axis_title(fig, a) for a in ("xaxis", "yaxis", "yaxis2", "xaxis3")] == ["X", "Y", "Y2", "X3"]

@@ -99,7 +99,70 @@ def layout(title: str, uirevision: str, **extra) -> dict:
 
 def figure(data: list[dict], layout_: dict) -> dict:
     # the template reaches every axis and colour bar, also those the figure does not name
-    return clean({"data": data, "layout": {**layout_, "template": TEMPLATE}})
+    return clean({"data": data, "layout": titles_at_margin({**layout_, "template": TEMPLATE})})
+
+
+# Plotly moves an axis title clear of its tick labels by measuring every label on every draw (each a forced
+# layout of the page), and it keys a label's cached size to the label's position: a step that adds a row or
+# changes the tokens has all its labels measured afresh. That cost 15-35 ms of a step's drawing in views of
+# 4-5 charts (A/B in bench/ui_latency.py's setting). Our margins are fixed and hold the labels and the title,
+# so a title is written as an annotation at the outer edge of its margin instead: measured once, then cached.
+_PLOTLY_MARGIN = {"l": 80, "r": 80, "t": 100, "b": 80}
+AXIS_TITLE_FONT = {"size": 12, "color": "#444"}
+
+
+def _domain_starts(lay: dict, axis: str, end: int) -> bool:
+    """Whether layout axis `axis` (e.g. "yaxis2") spans to the plot area's edge (end 0: start, 1: end)."""
+    domain = (lay.get(axis) or {}).get("domain") or [0, 1]
+    return float(domain[end]) == float(end)
+
+
+def titles_at_margin(lay: dict) -> dict:
+    """Axis titles -> annotations at the margin's outer edge, named "axis-title:<axis>" (see above).
+
+    An axis that does not sit on the plot area's edge (a subplot in the middle), or whose margin Plotly sizes
+    (automargin), keeps Plotly's title."""
+    margin = {**_PLOTLY_MARGIN, **(lay.get("margin") or {})}
+    notes = list(lay.get("annotations") or [])
+    for key in sorted(k for k in lay if k[1:5] == "axis" and k[0] in "xy" and (k[5:] == "" or k[5:].isdigit())):
+        axis = dict(lay[key])
+        title = axis.get("title")
+        text = title.get("text") if isinstance(title, dict) else title
+        if not text or axis.get("automargin"):  # a margin Plotly sizes to the labels: its edge moves
+            continue
+        num = key[5:]
+        anchor = axis.get("anchor") or ("y" if key[0] == "x" else "x") + num
+        counter = anchor[0] + "axis" + anchor[1:]
+        font = {**AXIS_TITLE_FONT, **((title.get("font") or {}) if isinstance(title, dict) else {})}
+        note = dict(text=text, name="axis-title:" + key, showarrow=False, font=font)
+        if key[0] == "x" and axis.get("side", "bottom") == "bottom" and _domain_starts(lay, counter, 0):
+            note.update(xref=f"x{num} domain", x=0.5, xanchor="center",
+                        yref="paper", y=0, yanchor="bottom", yshift=-margin["b"] + 2)
+        elif key[0] == "y" and axis.get("side", "left") == "left" and \
+                (axis.get("overlaying") or _domain_starts(lay, counter, 0)):
+            note.update(yref=f"y{num} domain", y=0.5, yanchor="middle", textangle=-90,
+                        xref="paper", x=0, xanchor="left", xshift=-margin["l"] + 2)
+        elif key[0] == "y" and axis.get("side") == "right" and \
+                (axis.get("overlaying") or _domain_starts(lay, counter, 1)):
+            note.update(yref=f"y{num} domain", y=0.5, yanchor="middle", textangle=-90,
+                        xref="paper", x=1, xanchor="right", xshift=margin["r"] - 2)
+        else:
+            continue
+        axis["title"] = {"text": ""}
+        lay[key] = axis
+        notes.append(note)
+    if notes:
+        lay["annotations"] = notes
+    return lay
+
+
+def axis_title(fig: dict, axis: str) -> str:
+    """The title text of layout axis `axis` ("xaxis", "yaxis2"), wherever titles_at_margin put it."""
+    for note in fig["layout"].get("annotations") or []:
+        if note.get("name") == "axis-title:" + axis:
+            return note["text"]
+    title = (fig["layout"].get(axis) or {}).get("title") or {}
+    return title.get("text", "") if isinstance(title, dict) else title
 
 
 def empty(title: str, message: str, uirevision: str) -> dict:

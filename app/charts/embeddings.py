@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import context_len, plain, seq_events
-from .common import empty, figure, layout, to_np
+from .common import LABEL_CHARS, empty, figure, label_px, layout, to_np
 
 MAX_POINTS = 512
 PROMPT_COLOR = "#4C78A8"
@@ -144,14 +144,19 @@ def neighbours_chart(neighbours: list[tuple[int, str, float]], token_text: str, 
     if not neighbours:
         return empty(title, t["nb_empty"], uirev)
     ids = [int(i) for i, _, _ in neighbours]
-    labels = [f"{plain(text)}  #{i}" for i, text, _ in neighbours]  # the id keeps labels unique
+    # the id keeps labels unique; the text is cut so that a fixed margin holds every label (common.LABEL_CHARS:
+    # the neighbours change with each new token, and a margin sized to them would redraw the chart twice)
+    labels = [f"{plain(text, LABEL_CHARS)}  #{i}" for i, text, _ in neighbours]
+    hovers = [f"{plain(text)}  #{i}" for i, text, _ in neighbours]
     cos = [float(c) for _, _, c in neighbours]
     trace = dict(type="bar", orientation="h", x=cos, y=labels, customdata=ids, marker=dict(color=PROMPT_COLOR),
-                 texttemplate="%{x:.3f}", textposition="auto",
-                 hovertemplate=f"%{{y}}<br>{t['cosine']}: %{{x:.4f}}<extra></extra>")
+                 texttemplate="%{x:.3f}", textposition="auto", hovertext=hovers,
+                 hovertemplate=f"%{{hovertext}}<br>{t['cosine']}: %{{x:.4f}}<extra></extra>")
     lo = min(0.0, min(cos))
     lay = layout(title, uirev,
                  xaxis=dict(title=dict(text=t["cosine"]), range=[lo, 1.0], showgrid=True, gridcolor="#eee"),
-                 yaxis=dict(title=dict(text=t["token"]), type="category", autorange="reversed", automargin=True),
+                 yaxis=dict(title=dict(text=t["token"]), type="category", autorange="reversed",
+                            tickfont=dict(size=11)),
+                 margin=dict(l=label_px(11, LABEL_CHARS + 8) + 24, r=20, t=40, b=50),
                  height=max(260, 24 * len(labels) + 90))
     return figure([trace], lay)
