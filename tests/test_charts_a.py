@@ -285,11 +285,14 @@ def test_embedding_pca_reproduces_the_projection(run):
     order = np.argsort(w)[::-1][:2]
     ref = xc @ v[:, order]
     pts = {}
+    newest = set(positions[-E.PCA_LABELS:])
     for tr in fig["data"]:
-        for px, py, (pos,), label in zip(tr["x"], tr["y"], tr["customdata"], tr["text"]):
+        for px, py, (pos,), hover, label in zip(tr["x"], tr["y"], tr["customdata"], tr["hovertext"], tr["text"]):
             pts[pos] = (px, py)
-            assert label == html.escape(A.token_label(texts[pos]), quote=False)
-    assert sorted(pts) == positions
+            assert hover == html.escape(A.token_label(texts[pos]), quote=False)
+            # only the newest tokens are written next to their point
+            assert label == (hover if pos in newest else "")
+    assert sorted(pts) == positions and len(positions) > E.PCA_LABELS
     got = np.array([pts[p] for p in positions])
     for c in range(2):
         sign = np.sign(got[:, c] @ ref[:, c])

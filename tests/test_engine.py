@@ -272,3 +272,16 @@ def test_torch_on_other_threads_starts_no_openmp_team():
     t.join()
     assert seen["torch_threads"] == 1 and seen["after"] == seen["before"]
     assert compute.run(torch.get_num_threads) == compute.THREADS >= 1
+
+
+def test_nearest_tokens_are_the_cosine_top_k(engine):
+    """Engine.nearest_tokens against an independent cosine over the whole embedding table."""
+    emb = engine.model.embed.float()
+    for tid in (354, engine.tokenizer.encode(" gravity", add_special_tokens=False)[0]):
+        cos = torch.nn.functional.cosine_similarity(emb, emb[tid][None], dim=-1)
+        cos[tid] = -2.0  # the token itself is not its own neighbour
+        top = cos.topk(8)
+        got = engine.nearest_tokens(tid, 8)
+        assert [i for i, _, _ in got] == top.indices.tolist()
+        assert [c for _, _, c in got] == pytest.approx(top.values.tolist(), abs=1e-5)
+        assert all(text == engine.token_text(i) for i, text, _ in got)

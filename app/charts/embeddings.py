@@ -7,12 +7,15 @@ from .attention import context_len, plain, seq_events
 from .common import LABEL_CHARS, empty, figure, label_px, layout, to_np
 
 MAX_POINTS = 512
+# Only the newest tokens carry a text label (every point has its token on hover): a hundred labels piled up
+# into an unreadable cloud, and each one redrawn after every step cost the browser ~20 ms a step.
+PCA_LABELS = 24
 PROMPT_COLOR = "#4C78A8"
 GENERATED_COLOR = "#F58518"
 
 TEXT = {
     "en": {
-        "pca_title": "Input embeddings of the sequence, PCA to 2-D ({n} tokens)",
+        "pca_title": "Input embeddings of the sequence, PCA to 2-D ({n} tokens; the newest {k} labelled)",
         "pca_empty": "Step the engine with capture on to see the token embeddings",
         "pc": "PC{k} ({pct:.1f}% of variance)",
         "prompt": "prompt",
@@ -24,7 +27,7 @@ TEXT = {
         "token": "Token",
     },
     "ru": {
-        "pca_title": "Входные эмбеддинги последовательности, PCA в 2-D (токенов: {n})",
+        "pca_title": "Входные эмбеддинги последовательности, PCA в 2-D (токенов: {n}; подписаны последние {k})",
         "pca_empty": "Сделайте шаг движка с включённым захватом, чтобы увидеть эмбеддинги токенов",
         "pc": "ГК{k} ({pct:.1f}% дисперсии)",
         "prompt": "промпт",
@@ -107,7 +110,7 @@ def embedding_pca(events, seq_id: int, texts: list[str] | None, lang: str = "en"
     uirev = "embedding-pca"
     positions, x, n_prompt = embedding_rows(events, seq_id)
     if not positions:
-        return empty(t["pca_title"].format(n=0), t["pca_empty"], uirev)
+        return empty(t["pca_title"].format(n=0, k=0), t["pca_empty"], uirev)
     positions, x = positions[-int(max_points):], x[-int(max_points):]
     coords, ratio = pca_2d(x)
     coords = np.round(coords, 5)
@@ -119,14 +122,16 @@ def embedding_pca(events, seq_id: int, texts: list[str] | None, lang: str = "en"
             continue
         labels = [plain(texts[positions[i]]) if texts is not None and positions[i] < len(texts) else ""
                   for i in idx]
+        newest = len(positions) - PCA_LABELS
         data.append(dict(
             type="scatter", mode="markers+text", name=name,
-            x=coords[idx, 0], y=coords[idx, 1], text=labels, customdata=[[positions[i]] for i in idx],
+            x=coords[idx, 0], y=coords[idx, 1], customdata=[[positions[i]] for i in idx], hovertext=labels,
+            text=[lab if i >= newest else "" for lab, i in zip(labels, idx)],
             textposition="top center", textfont=dict(size=10, color=color),
             marker=dict(color=color, size=8, line=dict(color="white", width=1)),
-            hovertemplate=f"{t['position']} %{{customdata[0]}} · %{{text}}<br>"
+            hovertemplate=f"{t['position']} %{{customdata[0]}} · %{{hovertext}}<br>"
                           f"PC1 %{{x:.3f}}, PC2 %{{y:.3f}}<extra>{name}</extra>"))
-    lay = layout(t["pca_title"].format(n=len(positions)), uirev,
+    lay = layout(t["pca_title"].format(n=len(positions), k=min(PCA_LABELS, len(positions))), uirev,
                  xaxis=dict(title=dict(text=t["pc"].format(k=1, pct=100 * ratio[0])), zeroline=False,
                             showgrid=True, gridcolor="#eee"),
                  yaxis=dict(title=dict(text=t["pc"].format(k=2, pct=100 * ratio[1])), zeroline=False,
@@ -150,7 +155,8 @@ def neighbours_chart(neighbours: list[tuple[int, str, float]], token_text: str, 
     hovers = [f"{plain(text)}  #{i}" for i, text, _ in neighbours]
     cos = [float(c) for _, _, c in neighbours]
     trace = dict(type="bar", orientation="h", x=cos, y=labels, customdata=ids, marker=dict(color=PROMPT_COLOR),
-                 texttemplate="%{x:.3f}", textposition="auto", hovertext=hovers,
+                 # inside the bar, at its end: "auto" tries both sides of each bar, measuring the text each time
+                 texttemplate="%{x:.3f}", textposition="inside", insidetextanchor="end", hovertext=hovers,
                  hovertemplate=f"%{{hovertext}}<br>{t['cosine']}: %{{x:.4f}}<extra></extra>")
     lo = min(0.0, min(cos))
     lay = layout(title, uirev,
