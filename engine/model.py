@@ -338,9 +338,22 @@ class Model:
 
         rows = torch.cat([torch.arange(offsets[i + 1] - s.logits_rows, offsets[i + 1])
                           for i, s in enumerate(seqs)]).to(dev)
-        logits = self.logits(x[rows])
+        final = x[rows]
+        lens_in = self._lens_inputs(caps, residuals, offsets, capture) if capture is not None else {}
+        if lens_in and final.shape[0] <= Linear.PACKED_MAX_ROWS:
+            # One pass over the LM head (the largest matrix; a decode step is a memory stream) for the real
+            # logits and the lens rows together: 5-7 ms of a ~60 ms step on CPU. The real rows would take the
+            # packed kernel anyway at this count, and it gives a row the same result in any batch of rows.
+            both = self.logits(torch.cat([final] + list(lens_in.values())), prefer_packed=True)
+            logits = both[: final.shape[0]]
+            sizes = [t.shape[0] for t in lens_in.values()]
+            lens_logits = dict(zip(lens_in, both[final.shape[0]:].split(sizes)))
+        else:
+            logits = self.logits(final)
+            # the lens is for display: the faster oneDNN kernel is fine at any row count
+            lens_logits = {i: self.logits(t, prefer_packed=True) for i, t in lens_in.items()}
         if capture is not None:
-            self._finish_capture(caps, residuals, seqs, offsets, capture)
+            self._finish_capture(caps, residuals, seqs, offsets, capture, lens_logits)
         return logits, caps
 
     def _padded_context(self, seqs: list[SeqInput]):
@@ -396,22 +409,31 @@ class Model:
         cap.attention[li] = kept.float().clone()
         return (probs @ vf).transpose(0, 1)
 
-    def _finish_capture(self, caps, residuals, seqs, offsets, capture: Capture):
+    def _lens_inputs(self, caps, residuals, offsets, capture: Capture) -> dict[int, torch.Tensor]:
+        """{seq index: the residual stream after each layer at its last positions, [layers * keep, hidden]}."""
+        if not caps or residuals is None or not capture.logit_lens:
+            return {}
+        out = {}
+        for i in caps:
+            n = offsets[i + 1] - offsets[i]
+            keep = min(n, capture.lens_max_positions)
+            # after each layer; the last layer's lens equals the real logits
+            tail = torch.stack([r[offsets[i + 1] - keep: offsets[i + 1]] for r in residuals[1:]])
+            out[i] = tail.reshape(-1, tail.shape[-1])
+        return out
+
+    def _finish_capture(self, caps, residuals, seqs, offsets, capture: Capture, lens_logits) -> None:
         if not caps or residuals is None:
             return
-        stacked = torch.stack(residuals)  # [L+1, N, hidden]
+        stacked = torch.stack(residuals) if capture.residual_norms else None  # [L+1, N, hidden]
         for i, c in caps.items():
-            part = stacked[:, offsets[i]:offsets[i + 1]]
-            if capture.residual_norms:
-                c.residual_norms = part.float().norm(dim=-1)
-            if capture.logit_lens:
-                n = part.shape[1]
+            if stacked is not None:
+                c.residual_norms = stacked[:, offsets[i]:offsets[i + 1]].float().norm(dim=-1)
+            if i in lens_logits:
+                n = offsets[i + 1] - offsets[i]
                 keep = min(n, capture.lens_max_positions)
-                tail = part[1:, n - keep:]  # after each layer; the last layer's lens equals the real logits
-                L = tail.shape[0]
-                # the lens is for display: the faster oneDNN kernel is fine at any row count
-                lens_logits = self.logits(tail.reshape(L * keep, -1), prefer_packed=True)
-                probs = torch.softmax(lens_logits, dim=-1)
+                L = len(residuals) - 1
+                probs = torch.softmax(lens_logits[i], dim=-1)
                 top = probs.topk(capture.lens_top_k, dim=-1)
                 c.lens_ids = top.indices.view(L, keep, -1)
                 c.lens_probs = top.values.view(L, keep, -1)

@@ -285,3 +285,23 @@ def test_nearest_tokens_are_the_cosine_top_k(engine):
         assert [i for i, _, _ in got] == top.indices.tolist()
         assert [c for _, _, c in got] == pytest.approx(top.values.tolist(), abs=1e-5)
         assert all(text == engine.token_text(i) for i, text, _ in got)
+
+
+def test_the_lens_shares_the_heads_pass_without_changing_the_logits(engine):
+    """model.forward computes the logit lens and the real logits in one LM-head pass: the logits a step
+    samples from are bitwise the ones of the same step without the lens, in prefill and in decode. (Capture
+    stays on in both: captured attention is computed another way, so it is not bitwise an uncaptured step.)"""
+    runs = []
+    for instrument in (Capture(lens_top_k=3), Capture(logit_lens=False)):
+        eng = engine.session()
+        eng.instrument = instrument
+        rid = eng.add_request("Что такое гравитация?", greedy(4))
+        logits = []
+        for _ in range(4):
+            ev = eng.step()
+            logits.append(eng.sequences[rid].last_sampling[0].clone())
+        runs.append((logits, ev))
+    (with_lens, ev), (plain, _) = runs
+    assert all(torch.equal(a, b) for a, b in zip(with_lens, plain))
+    lens_ids = ev.seqs[0].capture.lens_ids
+    assert lens_ids.shape == (engine.spec.num_layers, 1, 3) and int(lens_ids[-1, 0, 0]) == int(plain[-1].argmax())
