@@ -6,6 +6,7 @@ with a prefix-cache hit on the shared system prompt, one step with capture switc
 import html
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -212,6 +213,12 @@ def test_logit_lens_accumulates_positions_latest_wins(run):
     assert small["data"][0]["x"] == [str(p) for p in positions[-3:]]
 
 
+def key_items(fig) -> list[tuple[str, str]]:
+    """(colour, name) of each item of a chart's legend key (common.legend_key)."""
+    (key,) = [a for a in fig["layout"]["annotations"] if a.get("name") == "legend-key"]
+    return re.findall(r"<span style='color:([^']+)'>[^<]*</span> ([^<]+?)(?=   |<br>|$)", key["text"])
+
+
 def test_logits_chart_matches_the_sampling_trace(run):
     for sid, step in ((run.a, 2), (run.b, len(run.events) - 1)):
         s = run.events[step].seq(sid)
@@ -238,6 +245,8 @@ def test_logits_chart_matches_the_sampling_trace(run):
         title = fig["layout"]["title"]["text"]
         assert f"{stats['entropy']:.2f} nats" in title and f"{stats['entropy'] / math.log(2):.2f} bits" in title
         assert f"rank {smp['chosen_rank']}" in title and f"{smp['chosen_prob']:.3f}" in title
+        # the key names the probability bars in their colours
+        assert key_items(fig) == [(b["marker"]["color"], b["name"]) for b in (prob_bar, final_bar)]
     ru = LG.logits_chart(smp, stats, lang="ru")
     assert ru["layout"]["title"]["text"] != fig["layout"]["title"]["text"]
 
@@ -253,6 +262,8 @@ def test_perplexity_chart(run):
     want = np.exp(-np.cumsum(lp) / np.arange(1, len(lp) + 1))
     assert running["y"] == pytest.approx(want.tolist()) and running["yaxis"] == "y2"
     assert [c[0] for c in bars["customdata"]] == [LG.id_label(s.new_token_text, s.new_token) for s in evs]
+    colours = [bars["marker"]["color"], expected["line"]["color"], running["line"]["color"]]
+    assert key_items(fig) == list(zip(colours, [t["name"] for t in fig["data"]]))
 
 
 def test_perplexity_drops_tokens_after_a_rewind():
@@ -293,6 +304,7 @@ def test_embedding_pca_reproduces_the_projection(run):
             # only the newest tokens are written next to their point
             assert label == (hover if pos in newest else "")
     assert sorted(pts) == positions and len(positions) > E.PCA_LABELS
+    assert key_items(fig) == [(tr["marker"]["color"], tr["name"]) for tr in fig["data"]]
     got = np.array([pts[p] for p in positions])
     for c in range(2):
         sign = np.sign(got[:, c] @ ref[:, c])

@@ -1,6 +1,7 @@
 """Shared look and helpers for chart functions."""
 from __future__ import annotations
 
+import html
 import math
 from typing import Any
 
@@ -154,6 +155,22 @@ def titles_at_margin(lay: dict) -> dict:
     if notes:
         lay["annotations"] = notes
     return lay
+
+
+# A legend is redrawn and laid out with its chart on every step (10-18 ms a chart in the browser, A/B in
+# bench/ui_latency.py's setting); a key written as one annotation is measured once, then cached. Charts that
+# redraw on every step use a key; the key cannot hide a trace on click, as a legend can.
+BAR, LINE, DOTS = "■", "━", "┈"
+
+
+def legend_key(rows: list[list[tuple[str, str, str]]], **place) -> dict:
+    """A static legend: an annotation of (mark, colour, name) items, one line per row. `place` overrides the
+    position (default: above the plot area's right end)."""
+    text = "<br>".join("   ".join(f"<span style='color:{colour}'>{mark}</span> {html.escape(name, quote=False)}"
+                                   for mark, colour, name in row) for row in rows)
+    return {"text": text, "name": "legend-key", "showarrow": False, "xref": "paper", "yref": "paper",
+            "x": 1, "y": 1, "xanchor": "right", "yanchor": "bottom", "align": "right",
+            "font": {"size": 11, "color": "#333"}, **place}
 
 
 def axis_title(fig: dict, axis: str) -> str:

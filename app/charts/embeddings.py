@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import context_len, plain, seq_events
-from .common import LABEL_CHARS, empty, figure, label_px, layout, to_np
+from .common import LABEL_CHARS, empty, figure, label_px, layout, legend_key, to_np
 
 MAX_POINTS = 512
 # Only the newest tokens carry a text label (every point has its token on hover): a hundred labels piled up
@@ -15,7 +15,8 @@ GENERATED_COLOR = "#F58518"
 
 TEXT = {
     "en": {
-        "pca_title": "Input embeddings of the sequence, PCA to 2-D ({n} tokens; the newest {k} labelled)",
+        "pca_title": "Input embeddings of the sequence, PCA to 2-D ({n} tokens)",
+        "pca_labels": "labels: the newest {k} tokens; hover a point for any token",
         "pca_empty": "Step the engine with capture on to see the token embeddings",
         "pc": "PC{k} ({pct:.1f}% of variance)",
         "prompt": "prompt",
@@ -27,7 +28,8 @@ TEXT = {
         "token": "Token",
     },
     "ru": {
-        "pca_title": "Входные эмбеддинги последовательности, PCA в 2-D (токенов: {n}; подписаны последние {k})",
+        "pca_title": "Входные эмбеддинги последовательности, PCA в 2-D (токенов: {n})",
+        "pca_labels": "подписаны последние {k} токенов; наведите на точку, чтобы увидеть любой",
         "pca_empty": "Сделайте шаг движка с включённым захватом, чтобы увидеть эмбеддинги токенов",
         "pc": "ГК{k} ({pct:.1f}% дисперсии)",
         "prompt": "промпт",
@@ -110,7 +112,7 @@ def embedding_pca(events, seq_id: int, texts: list[str] | None, lang: str = "en"
     uirev = "embedding-pca"
     positions, x, n_prompt = embedding_rows(events, seq_id)
     if not positions:
-        return empty(t["pca_title"].format(n=0, k=0), t["pca_empty"], uirev)
+        return empty(t["pca_title"].format(n=0), t["pca_empty"], uirev)
     positions, x = positions[-int(max_points):], x[-int(max_points):]
     coords, ratio = pca_2d(x)
     coords = np.round(coords, 5)
@@ -131,13 +133,15 @@ def embedding_pca(events, seq_id: int, texts: list[str] | None, lang: str = "en"
             marker=dict(color=color, size=8, line=dict(color="white", width=1)),
             hovertemplate=f"{t['position']} %{{customdata[0]}} · %{{hovertext}}<br>"
                           f"PC1 %{{x:.3f}}, PC2 %{{y:.3f}}<extra>{name}</extra>"))
-    lay = layout(t["pca_title"].format(n=len(positions), k=min(PCA_LABELS, len(positions))), uirev,
+    title = (t["pca_title"].format(n=len(positions)) + "<br><span style='font-size:11px;color:#555'>"
+             + t["pca_labels"].format(k=min(PCA_LABELS, len(positions))) + "</span>")
+    lay = layout(title, uirev,
                  xaxis=dict(title=dict(text=t["pc"].format(k=1, pct=100 * ratio[0])), zeroline=False,
                             showgrid=True, gridcolor="#eee"),
                  yaxis=dict(title=dict(text=t["pc"].format(k=2, pct=100 * ratio[1])), zeroline=False,
                             showgrid=True, gridcolor="#eee"),
-                 showlegend=True, legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"),
-                 margin=dict(l=50, r=20, t=60, b=40))
+                 annotations=[legend_key([[("●", PROMPT_COLOR, t["prompt"]), ("●", GENERATED_COLOR, t["generated"])]])],
+                 margin=dict(l=50, r=20, t=80, b=40))
     return figure(data, lay)
 
 

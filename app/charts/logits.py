@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from .attention import plain, seq_events
-from .common import ACCENT, LABEL_CHARS, empty, figure, label_px, layout, rotated_px, shorten
+from .common import ACCENT, BAR, DOTS, LABEL_CHARS, LINE, empty, figure, label_px, layout, legend_key, rotated_px, shorten
 
 MAX_POINTS = 512
 LOGIT_COLOR = "#4C78A8"
@@ -147,9 +147,11 @@ def logits_chart(seq_event_sampling: dict | None, logit_stats: dict | None, lang
                  yaxis=dict(tickmode="array", tickvals=y, ticktext=[shorten(s) for s in labels], autorange="reversed",
                             tickfont=dict(size=10)),
                  # a fixed left margin, sized for LABEL_CHARS (see common.py); hovers keep the whole token
-                 barmode="group", bargap=0.2, showlegend=True, shapes=shapes,
-                 margin=dict(l=label_px(10, LABEL_CHARS + 1) + 8, r=20, t=60, b=40),
-                 legend=dict(orientation="h", y=-0.12, yanchor="top", x=1, xanchor="right"),
+                 barmode="group", bargap=0.2, shapes=shapes,
+                 margin=dict(l=label_px(10, LABEL_CHARS + 1) + 8, r=20, t=60, b=72),
+                 annotations=[legend_key([[(BAR, PROB_COLOR, t["softmax"])] +
+                                          ([(BAR, FINAL_COLOR, t["final"])] if final is not raw else [])],
+                                         y=0, yanchor="top", yshift=-24)],  # under the tick labels
                  height=max(320, 20 * len(ids) + 130))
     return figure(data, lay)
 
@@ -212,8 +214,8 @@ def perplexity_chart(events, seq_id: int, lang: str = "en", max_points: int = MA
                  yaxis=dict(title=dict(text=t["y"]), gridcolor="#eee", zeroline=True, zerolinecolor="#999"),
                  yaxis2=dict(title=dict(text=t["y2"]), overlaying="y", side="right", showgrid=False,
                              rangemode="tozero", tickmode="auto"),
-                 showlegend=True, legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right",
-                                              font=dict(size=11)),
-                 # room above the plot for the title and, below it, the legend's two rows (they overlapped at 70)
+                 annotations=[legend_key([[(BAR, LOGIT_COLOR, t["logprob"]), (DOTS, "#54A24B", t["expected"])],
+                                          [(LINE, FINAL_COLOR, t["running"])]])],
+                 # room above the plot for the title and, below it, the key's two rows
                  margin=dict(l=50, r=60, t=100, b=bottom))
     return figure(data, lay)
