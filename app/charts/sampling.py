@@ -156,7 +156,7 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
         x0 = k * (width + gap)
         axes[f"xaxis{ax}"] = dict(domain=[x0, x0 + width], anchor="y", rangemode="tozero", showgrid=True,
                                   gridcolor="#EEE", zeroline=True, zerolinecolor="#BBB", tickformat=".0%",
-                                  nticks=3, tickfont=dict(size=9),
+                                  nticks=2, tickfont=dict(size=9),  # columns are ~60 px wide
                                   title=dict(text=tx["prob"] if k == 0 else "", font=dict(size=11)))
         removed = float(st.get("mass_removed") or 0.0)
         kept_n = int(st.get("num_kept", 0))
