@@ -156,18 +156,30 @@ def test_attention_heads_grid(run):
     texts = run.texts[run.a]
     fig = valid(A.attention_heads_grid(run.events, run.a, LAYER, texts, max_positions=24))
     heads = run.eng.spec.num_heads
-    assert len(fig["data"]) == heads
+    (tr,) = fig["data"]  # one heatmap: every head a block of it
     lay = fig["layout"]
     assert "coloraxis" in lay and lay["coloraxis"]["colorbar"]
-    for k, tr in enumerate(fig["data"]):
-        assert tr["coloraxis"] == "coloraxis" and "colorbar" not in tr and not tr.get("showscale")
-        sfx = "" if k == 0 else str(k + 1)
-        assert tr["xaxis"] == "x" + sfx and "xaxis" + sfx in lay and "yaxis" + sfx in lay
+    assert tr["coloraxis"] == "coloraxis" and "colorbar" not in tr and not tr.get("showscale")
+    z = np.array([[np.nan if v is None else v for v in r] for r in tr["z"]])
+    cols = math.ceil(math.sqrt(heads))
+    n, gc, gr = 24, A.GRID_GAP_COLS, A.GRID_GAP_ROWS
+    assert z.shape == (math.ceil(heads / cols) * (n + gr) - gr, cols * (n + gc) - gc)
+    seen = np.zeros(z.shape, bool)
+    for k in range(heads):
+        r, c = divmod(k, cols)
+        block = (slice(r * (n + gr), r * (n + gr) + n), slice(c * (n + gc), c * (n + gc) + n))
         m, _ = A.attention_matrix(run.events, run.a, LAYER, k)
-        z = np.array([[np.nan if v is None else v for v in r] for r in tr["z"]])
-        want = np.where(np.tril(np.ones((24, 24), bool)), m[-24:, -24:], np.nan)
-        np.testing.assert_allclose(z, want, atol=5.1e-5)
-    assert len(lay["annotations"]) == heads
+        want = np.where(np.tril(np.ones((n, n), bool)), m[-n:, -n:], np.nan)
+        np.testing.assert_allclose(z[block], want, atol=5.1e-5)
+        seen[block] = True
+        # a block's hover names its query and key positions (the zero-width suffix keeps blocks apart)
+        T = m.shape[0]
+        labels = [A.pos_label(p, texts) for p in range(T - n, T)]
+        assert [y.rstrip("\u200b") for y in tr["y"][block[0]]] == labels
+        assert [x.rstrip("\u200b") for x in tr["x"][block[1]]] == labels
+    assert np.isnan(z[~seen]).all()  # the gaps between blocks are empty
+    assert len(set(tr["x"])) == len(tr["x"]) and len(set(tr["y"])) == len(tr["y"])  # distinct categories
+    assert [a["text"] for a in lay["annotations"]] == [f"head {h}" for h in range(heads)]
 
 
 def test_head_entropy_of_the_newest_query(run):
