@@ -340,10 +340,11 @@ class Model:
                           for i, s in enumerate(seqs)]).to(dev)
         final = x[rows]
         lens_in = self._lens_inputs(caps, residuals, offsets, capture) if capture is not None else {}
-        if lens_in and final.shape[0] <= Linear.PACKED_MAX_ROWS:
+        if lens_in and self.head.packed is not None and final.shape[0] <= Linear.PACKED_MAX_ROWS:
             # One pass over the LM head (the largest matrix; a decode step is a memory stream) for the real
-            # logits and the lens rows together: 5-7 ms of a ~60 ms step on CPU. The real rows would take the
-            # packed kernel anyway at this count, and it gives a row the same result in any batch of rows.
+            # logits and the lens rows together: ~2 ms of a ~48 ms decode step on 2 CPU cores. The real rows
+            # take the packed kernel anyway at this count, and it gives a row the same result in any batch of
+            # rows (tests/test_engine.py checks the logits bitwise).
             both = self.logits(torch.cat([final] + list(lens_in.values())), prefer_packed=True)
             logits = both[: final.shape[0]]
             sizes = [t.shape[0] for t in lens_in.values()]
