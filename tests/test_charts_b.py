@@ -458,3 +458,22 @@ def test_axis_titles_sit_at_the_margins_outer_edge():
     assert "axis-title:xaxis4" not in notes and fig["layout"]["xaxis4"]["title"]["text"] == "X4"
     assert fig["layout"]["xaxis"]["title"] == {"text": ""}
     assert [axis_title(fig, a) for a in ("xaxis", "yaxis", "yaxis2", "xaxis3")] == ["X", "Y", "Y2", "X3"]
+
+
+def test_sampling_chain_columns_share_one_axis_and_one_scale(run):
+    """All stage columns on one x axis: each column's bars start at its origin (base), columns one scale
+    (the largest probability of any stage) apart plus a gap, and ticks 0 and a round value in every column."""
+    _, events = run
+    s = next(s for _, s in _sampled(events) if s.seq_id == 2)  # top_k=5, min_p=0.05: renormalised stages
+    fig = sampling.sampling_chain_chart(s.sampling)
+    bars = [t for t in fig["data"] if t["type"] == "bar"]
+    reach = max(p for st in s.sampling["stages"] for p in st["probs"]) * 1.08
+    assert [b["base"] for b in bars] == pytest.approx([k * reach * (1 + sampling.COLUMN_GAP) for k in range(6)])
+    assert all("xaxis" not in b for b in bars) and "xaxis2" not in fig["layout"]
+    xaxis = fig["layout"]["xaxis"]
+    assert xaxis["range"][1] == pytest.approx(bars[-1]["base"] + reach)
+    assert xaxis["tickvals"][0::2] == [b["base"] for b in bars] and set(xaxis["ticktext"][0::2]) == {"0"}
+    tick = xaxis["tickvals"][1] - xaxis["tickvals"][0]
+    assert tick <= 0.75 * reach and xaxis["ticktext"][1] == f"{tick:.0%}"
+    for b, st in zip(bars, s.sampling["stages"]):  # the hover reads p from customdata, x is the bar's length
+        assert [c[4] for c in b["customdata"]] == st["probs"] and "customdata[4]" in b["hovertemplate"]

@@ -66,7 +66,7 @@ TEXT = {
 
 
 HEADER_ROW = 28  # px between the two rows of stage headers (two lines of 10 px text each)
-COLUMN_GAP = 0.2  # between two stages' columns, in units of a column's width (100%)
+COLUMN_GAP = 0.2  # between two stages' columns, as a fraction of a column's width
 
 
 def _t(lang: str) -> dict:
@@ -104,9 +104,10 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
 
     Bars are the tracked tokens' renormalised probabilities after the stage; removed tokens are grey at 0 and
     marked ✕; an inactive stage is faded and titled "off"; the chosen token is red in the last stage (and
-    outlined in red elsewhere). Every column has the same 0-100% scale, so renormalisation shows as longer
-    bars. The columns share one x axis, each bar starting at its column's origin (`base`): six subplots with
-    their own axes cost the browser ~12 ms more to redraw after every step (in-page A/B).
+    outlined in red elsewhere). Every column has the same scale (up to the largest probability in any stage),
+    so renormalisation shows as longer bars. The columns share one x axis, each bar starting at its column's
+    origin (`base`): six subplots with their own axes cost the browser ~12 ms more to redraw after every step
+    (in-page A/B).
     """
     tx = _t(lang)
     if not sampling or not sampling.get("stages") or not sampling.get("token_ids"):
@@ -121,8 +122,13 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
     stages = _ordered_stages(sampling)
     ns = len(stages)
 
+    # every column on one scale, up to the largest probability of any stage (flat distributions stay legible)
+    reach = max([float(p or 0.0) for st in stages for p in st.get("probs", [])] + [1e-6]) * 1.08
+    # a round tick well inside the column: at its right end it would meet the next column's "0"
+    tick = next(v for v in (1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001, 0.0) if v <= 0.75 * reach)
+    col = reach * (1 + COLUMN_GAP)  # a column and the gap after it, in probability units
+    span = ns * col - reach * COLUMN_GAP  # the x axis
     data, annotations, tickvals, ticktext = [], [], [], []
-    span = ns * (1 + COLUMN_GAP) - COLUMN_GAP  # the x axis: columns of width 1 (100%) and the gaps
     for k, st in enumerate(stages):
         last = k == ns - 1
         active = bool(st.get("active", True))
@@ -146,7 +152,7 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
             cd.append([ids[i], full[i], "−∞" if lv is None else f"{lv:.3f}",
                        tx["kept"] if kept[i] else tx["removed"], probs[i]])
         name = st.get("name", f"stage {k}")
-        origin = k * (1 + COLUMN_GAP)
+        origin = k * col
         data.append(dict(
             type="bar", orientation="h", name=name, x=probs, base=origin, y=list(range(n)),
             marker=dict(color=colors, line=dict(color=line_colors, width=line_widths)),
@@ -155,10 +161,10 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
             hovertemplate=("%{customdata[1]} (id %{customdata[0]})<br>p = %{customdata[4]:.4f}"
                            "<br>logit = %{customdata[2]}<br>%{customdata[3]}<extra>" + name + "</extra>"),
         ))
-        tickvals += [origin, origin + 0.5]
-        ticktext += ["0", "50%"]
+        tickvals += [origin, origin + tick]
+        ticktext += ["0", f"{tick:.0%}" if tick >= 0.01 else f"{tick:.1%}"]
         x0 = origin / span  # the column's left edge in paper coordinates
-        width = 1 / span
+        width = reach / span
         removed = float(st.get("mass_removed") or 0.0)
         kept_n = int(st.get("num_kept", 0))
         # one short item per line: a column is about 60 px wide in the page's two-column layout
@@ -194,7 +200,7 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
                             ticksuffix=" ", title=dict(text=tx["tokens_axis"], font=dict(size=11)),
                             fixedrange=False),
                  xaxis=dict(range=[0, span], tickmode="array", tickvals=tickvals, ticktext=ticktext,
-                            tickfont=dict(size=9), showgrid=True, gridcolor="#EEE", zeroline=False,
+                            tickfont=dict(size=9), tickangle=0, showgrid=True, gridcolor="#EEE", zeroline=False,
                             title=dict(text=tx["prob"], font=dict(size=11))),
                  **extra)
     return figure(data, lay)
