@@ -64,8 +64,8 @@ def main() -> None:
     eng = Engine.from_pretrained("bundled", device="cpu")
     from transformers import AutoModelForCausalLM
 
-    # the reference runs on the engine's compute thread too: a second thread calling torch would start a second
-    # OpenMP team, and two teams slow each other down on a small machine (engine/compute.py)
+    # the reference runs on the engine's compute thread too: torch runs single-threaded on every other thread
+    # (a second OpenMP team would slow both down on a small machine, engine/compute.py)
     hf = compute.run(lambda: AutoModelForCausalLM.from_pretrained(str(eng.loaded.source_dir),
                                                                   dtype=torch.float32).eval())
     ids = eng.encode(PROMPT).token_ids

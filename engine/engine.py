@@ -286,16 +286,16 @@ class Engine:
         hit = self._nearest_cache.get((token_id, k))
         if hit is not None:
             return list(hit)
-        emb = self.model.embed.float()
+        emb = self.model.embed
         if self._embed_norms is None:
-            self._embed_norms = emb.norm(dim=-1).clamp_min(1e-12)
+            self._embed_norms = emb.float().norm(dim=-1).clamp_min(1e-12)
         head = self.model.head
-        if head.weight.data_ptr() == self.model.embed.data_ptr():
+        if head.weight.data_ptr() == emb.data_ptr():
             # tied embeddings: the LM head's kernel computes these dot products (~2x faster on CPU than a
             # plain matrix-vector product; one runs after every step the lab shows)
             dots = head(emb[token_id][None], prefer_packed=True)[0].float()
         else:
-            dots = emb @ emb[token_id]
+            dots = emb.float() @ emb[token_id].float()
         cos = dots / (self._embed_norms * self._embed_norms[token_id])
         top = cos.topk(k + 1)
         out = [(int(i), self.token_text(int(i)), float(c)) for c, i in zip(top.values, top.indices)
