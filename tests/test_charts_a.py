@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.charts.common import LABEL_CHARS, axis_title
+from app.charts.common import EMPTY_LINE_CHARS, LABEL_CHARS, axis_title
 from app.charts import attention as A
 from app.charts import embeddings as E
 from app.charts import logits as LG
@@ -84,7 +84,10 @@ def test_empty_before_any_step(run):
         valid(f)
         assert is_empty(f)
         assert f["layout"]["uirevision"]
-    assert "Step the engine" in A.attention_heatmap([], 0, 0, 0, t)["layout"]["annotations"][0]["text"]
+        # the message is broken into lines that fit a half-width panel
+        assert all(len(line) <= EMPTY_LINE_CHARS for line in f["layout"]["annotations"][0]["text"].split("<br>"))
+    note = A.attention_heatmap([], 0, 0, 0, t)["layout"]["annotations"][0]["text"]
+    assert "Step the engine" in note.replace("<br>", " ")
     # a run whose every step had capture off draws nothing either
     off = [run.events[run.off_step]]
     assert is_empty(A.attention_heatmap(off, run.a, LAYER, HEAD, t))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import math
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -182,10 +183,15 @@ def axis_title(fig: dict, axis: str) -> str:
     return title.get("text", "") if isinstance(title, dict) else title
 
 
+EMPTY_LINE_CHARS = 48  # a placeholder message's line: half-width panels cut a longer one off (annotations do not wrap)
+
+
 def empty(title: str, message: str, uirevision: str) -> dict:
-    """A placeholder figure with a centred message (e.g. 'Step the engine to see attention')."""
+    """A placeholder figure with a centred message (e.g. 'Step the engine to see attention'), broken into
+    lines of at most EMPTY_LINE_CHARS characters."""
+    text = "<br>".join(textwrap.wrap(message, EMPTY_LINE_CHARS)) or message
     return figure([], layout(title, uirevision, xaxis=dict(visible=False), yaxis=dict(visible=False),
-                             annotations=[dict(text=message, showarrow=False, x=0.5, y=0.5, xref="paper",
+                             annotations=[dict(text=text, showarrow=False, x=0.5, y=0.5, xref="paper",
                                                yref="paper", font=dict(size=13, color="#777"))]))
 
 

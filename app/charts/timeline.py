@@ -31,7 +31,8 @@ TEXT = {
         "cols": ["seq", "TTFT (ms)", "mean TPOT / ITL (ms)", "tokens generated", "tok/s (1 / mean ITL)", "status"],
         "running": "running",
         "roofline": "Roofline",
-        "roofline_title": "Roofline of this machine: each step's arithmetic intensity vs achieved FLOP/s",
+        "roofline_title": "Roofline of this machine<br><span style='font-size:11px;color:#555'>each step's "
+                          "arithmetic intensity vs achieved FLOP/s</span>",
         "no_roof": "No forward pass measured yet: step the engine.",
         "bad_machine": "The machine's bandwidth and peak FLOP/s are not known yet.",
         "x": "arithmetic intensity (FLOP / byte moved)", "y": "achieved FLOP/s (forward pass)",
@@ -56,7 +57,8 @@ TEXT = {
                  "статус"],
         "running": "идёт",
         "roofline": "Roofline",
-        "roofline_title": "Roofline этой машины: арифметическая интенсивность шага и достигнутые FLOP/s",
+        "roofline_title": "Roofline этой машины<br><span style='font-size:11px;color:#555'>арифметическая "
+                          "интенсивность шага и достигнутые FLOP/s</span>",
         "no_roof": "Прямых проходов ещё не было: сделайте шаг.",
         "bad_machine": "Пропускная способность памяти и пиковые FLOP/s машины ещё не измерены.",
         "x": "арифметическая интенсивность (FLOP / байт)", "y": "достигнутые FLOP/s (прямой проход)",
@@ -251,7 +253,7 @@ def roofline_chart(events, bandwidth: float, peak_flops: float, lang: str = "en"
     ]
     ymin = min(min(ys), roof_y[0]) / 3
     lay = layout(tx["roofline_title"], UIREV_ROOFLINE, showlegend=True, height=380, annotations=annotations,
-                 margin=dict(l=60, r=20, t=60, b=45),
+                 margin=dict(l=60, r=20, t=75, b=45),  # a two-line title, the legend under it
                  legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom", font=dict(size=11)),
                  xaxis=dict(type="log", title=dict(text=tx["x"]), range=[math.log10(lo), math.log10(hi)],
                             gridcolor="#EEE"),
