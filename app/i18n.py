@@ -56,6 +56,20 @@ UI = {
               "ru": "Токен ведущего (печатается при запуске сервера)"},
     "present": {"en": "Present", "ru": "Вести лекцию"},
     "unpresent": {"en": "Stop presenting", "ru": "Завершить показ"},
+    "lab_full": {"en": "The lab is full right now ({n} visitors, the most this server takes at once). Try again "
+                       "in a minute: places free up as tabs close.",
+                 "ru": "Лаборатория сейчас заполнена ({n} посетителей — больше сервер одновременно не принимает). "
+                       "Попробуйте через минуту: места освобождаются, когда вкладки закрывают."},
+    "no_session": {"en": "This tab has no session on the server (the model was still loading, or the tab was "
+                         "idle too long): press Step again.",
+                   "ru": "У этой вкладки нет сессии на сервере (модель ещё загружалась или вкладка долго "
+                         "простаивала): нажмите «Шаг» ещё раз."},
+    "step_failed": {"en": "The step failed and was undone; the session is as it was before it. Cause: {cause}",
+                    "ru": "Шаг не удался и был отменён; сессия осталась как до него. Причина: {cause}"},
+    "failed": {"en": "Something went wrong ({cause}). If it happens again, press Reset.",
+               "ru": "Что-то пошло не так ({cause}). Если повторится, нажмите «Сброс»."},
+    "spec_busy": {"en": "Another visitor's speed measurement is running: try again in a few seconds.",
+                  "ru": "Сейчас идёт замер скорости другого посетителя: попробуйте через несколько секунд."},
     "bad_token": {"en": "Wrong presenter token: look for it in the server's console output.",
                   "ru": "Неверный токен ведущего: он напечатан в консоли сервера."},
     "presenting": {"en": "You are presenting: viewers who open /follow see every step of this session.",

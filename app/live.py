@@ -2,11 +2,12 @@
 
 Two kinds of channels live here, both served on the app's one port (a Space exposes only one):
 
-* tab channels (`/ws/lab?client=ID`): the page's charts travel here instead of through a Gradio component,
+* tab channels (`/ws/lab?ticket=T`): the page's charts travel here instead of through a Gradio component,
   which cost ~250 ms per step for a large payload. Payloads are incremental (only charts in view, only changed
-  HTML), so a backlog is merged, never dropped. Once a Gradio event has tied the channel to the tab's session
-  (bind_tab), the page sends Step here too: Gradio's own round trip and its busy indicators cost about as much
-  as the engine step itself on a 2-core machine.
+  HTML), so a backlog is merged, never dropped. The ticket is a secret the server made for the tab's session
+  and gave to that page over its own Gradio event (SessionRegistry.ticket): a socket is tied to a session by
+  the server's word only, never by an id the client names. The page sends Step here too: Gradio's own round
+  trip and its busy indicators cost about as much as the engine step itself on a 2-core machine.
 * viewer channels (`/ws/follow`): the presenter's step events (small, in order) and chart frames (large,
   latest wins). A slow viewer only ever holds one pending frame, so it cannot slow the presenter or anyone else.
 
@@ -27,9 +28,58 @@ from collections import deque
 
 log = logging.getLogger("inferlab")
 
-MAX_PENDING_BINDS = 1024  # bindings waiting for their tab's socket (page ids are random; the oldest go first)
 MAX_PENDING_EVENTS = 256  # a viewer this far behind gets a resync (the latest frame) instead of the backlog
-PRESENTER_KEY = "__lecture__"  # the session a scripted presenter drives when no tab is presenting
+MAX_MESSAGE_CHARS = 64 * 1024  # what a client may send in one websocket message (a Step's inputs are ~2 KB)
+SCRIPTED = object()  # the presenter key of a lecture driven over /ws/present: equal to no tab's key
+
+
+class TokenGuard:
+    """Wrong presenter tokens are limited per client address and overall: a guess costs a wait, not a retry.
+
+    The token has 96 bits, so guessing is hopeless anyway; this keeps a script from trying at line rate and
+    tells a presenter who mistyped how long to wait."""
+
+    def __init__(self, per_address: int = 5, overall: int = 50, window_s: float = 60.0):
+        self.per_address, self.overall, self.window_s = per_address, overall, window_s
+        self.failures: dict[str, deque] = {}
+        self.all_failures: deque = deque()
+        self._lock = threading.Lock()
+
+    def check(self, token: str, secret: str, address: str | None) -> None:
+        """Raise ValueError unless `token` is the secret and this address may still try."""
+        address = address or "?"
+        now = time.monotonic()
+        with self._lock:
+            mine = self.failures.setdefault(address, deque())
+            for q in (mine, self.all_failures):
+                while q and now - q[0] > self.window_s:
+                    q.popleft()
+            if len(mine) >= self.per_address or len(self.all_failures) >= self.overall:
+                oldest = min(mine[0] if len(mine) >= self.per_address else now,
+                             self.all_failures[0] if len(self.all_failures) >= self.overall else now)
+                wait = max(1, int(self.window_s - (now - oldest)) + 1)
+                raise ValueError(f"too many wrong presenter tokens: try again in {wait} s")
+            ok = bool(token) and hmac.compare_digest(str(token).encode(), secret.encode())
+            if not ok:
+                mine.append(now)
+                self.all_failures.append(now)
+                if len(self.failures) > 10000:  # bounded: forget addresses with nothing recent
+                    for a in [a for a, q in self.failures.items() if not q][:5000]:
+                        del self.failures[a]
+                raise ValueError("wrong presenter token")
+
+
+def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...]) -> bool:
+    """A browser's websocket from another site is refused (a page elsewhere could otherwise drive the lab
+    with its visitor's connection). No Origin header: not a browser (a script), which carries no one's
+    credentials. Same host as the page, or listed in `allowed` (e.g. a Space's https://NAME.hf.space)."""
+    if origin is None:
+        return True
+    origin = origin.strip().rstrip("/").lower()
+    if origin in {a.strip().rstrip("/").lower() for a in allowed}:
+        return True
+    netloc = origin.split("://", 1)[-1]
+    return bool(host) and netloc == host.strip().lower()
 
 
 def merge_payloads(old: dict, new: dict) -> dict:
@@ -64,6 +114,8 @@ class Channel:
         self.alive = True
         self.frames_sent = 0
         self.frames_skipped = 0
+        self.address: str | None = None  # the client's IP address (wrong presenter tokens are limited per address)
+        self.wrong_tokens = 0
 
     def send_message(self, text: str) -> None:
         if len(self.messages) >= MAX_PENDING_EVENTS:
@@ -103,55 +155,45 @@ class Channel:
 class Hub:
     """All open channels, and lecture mode's state (who presents, the latest frame for late joiners)."""
 
-    def __init__(self, token: str | None = None):
+    def __init__(self, token: str | None = None, allowed_origins: tuple[str, ...] = (), tab_key=None):
         self.token = token or secrets.token_urlsafe(12)
+        self.guard = TokenGuard()
+        self.allowed_origins = tuple(allowed_origins)
+        self.tab_key = tab_key or (lambda ticket: None)  # ticket -> session key (SessionRegistry.key_for_ticket)
+        self.tab_has_session = lambda key: False  # set by the server (SessionRegistry.peek)
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.tabs: dict[str, Channel] = {}
+        self.tabs: dict[str, Channel] = {}  # session key -> that tab's open channel
         self.viewers: set[Channel] = set()
         self.presenter: str | None = None  # session key of the presenting session
         self.latest_frame: str | None = None
         self.frame_count = 0
         self.on_join = None  # called (in the event loop) when a viewer arrives: the lecture builds a frame
         self._lock = threading.Lock()
-        # client id -> session key, for a tab whose first Gradio event came before its socket had connected
-        self.pending_binds: dict[str, str] = {}
 
     # ---- called from any thread -------------------------------------------------------------------
-    def check_token(self, token: str | None) -> bool:
-        return bool(token) and hmac.compare_digest(str(token).encode(), self.token.encode())
+    def check_token(self, token: str | None, address: str | None) -> None:
+        """Raise ValueError unless `token` is the presenter token (tries limited per address, see TokenGuard)."""
+        self.guard.check((token or "").strip() if isinstance(token, str) else "", self.token, address)
 
-    def has_tab(self, client: str | None) -> bool:
-        ch = self.tabs.get(client or "")
+    def has_tab(self, key: str | None) -> bool:
+        ch = self.tabs.get(key or "")
         return ch is not None and ch.alive
 
-    def push_tab(self, client: str, payload: dict) -> bool:
-        """Send a payload to one tab's page; False if that tab has no open channel (use Gradio then)."""
-        ch = self.tabs.get(client)
+    def push_tab(self, key: str | None, payload: dict) -> bool:
+        """Send a payload to the page of the tab whose session is `key`; False if it has no open channel."""
+        ch = self.tabs.get(key or "")
         if ch is None or not ch.alive or self.loop is None:
             return False
         self.loop.call_soon_threadsafe(ch.offer_frame, payload)
         return True
 
-    def bind_tab(self, client: str, session_key: str) -> None:
-        """Tie a tab's channel to its Gradio session (seen on a Gradio event that named the channel's client
-        id): from then on the page may send Step over this channel (tab_session). Only the server binds, so a
-        page can drive no session but its own; the first binding tells the page it may."""
-        ch = self.tabs.get(client)
-        if ch is None or not ch.alive or self.loop is None:
-            # the page's socket is still connecting (its first Step can come sooner): tie it when it arrives
-            with self._lock:
-                if len(self.pending_binds) >= MAX_PENDING_BINDS:
-                    self.pending_binds.pop(next(iter(self.pending_binds)))
-                self.pending_binds[client] = session_key
-            return
-        if ch.session_key == session_key:
-            return
-        ch.session_key = session_key
-        self.loop.call_soon_threadsafe(ch.send_message, json.dumps({"type": "bound"}))
+    def tab_ready(self, key: str) -> None:
+        """The tab's session now exists (made by a Gradio event): its page may send Steps over the socket."""
+        self.send_tab(key, {"type": "bound"})
 
-    def send_tab(self, client: str, message: dict) -> bool:
+    def send_tab(self, key: str, message: dict) -> bool:
         """A small ordered message to one tab (not a payload), e.g. a request to sync a Gradio control."""
-        ch = self.tabs.get(client)
+        ch = self.tabs.get(key)
         if ch is None or not ch.alive or self.loop is None:
             return False
         self.loop.call_soon_threadsafe(ch.send_message, json.dumps(message, ensure_ascii=False))
@@ -186,23 +228,34 @@ class Hub:
         return sum(1 for ch in self.viewers if ch.alive)
 
     # ---- websocket endpoints (event loop) ---------------------------------------------------------
-    async def serve(self, ws, role: str, key: str = "", on_message=None) -> None:
+    async def serve(self, ws, role: str, ticket: str = "", on_message=None) -> None:
         """Run one channel until the client leaves. `on_message(channel, data)` handles what a client sends.
 
-        role: "tab" (a lab page's own payloads), "viewer" (lecture follower) or anything else (a control
-        channel such as the presenter socket, which only gets replies)."""
+        role: "tab" (a lab page's own payloads; `ticket` names its session), "viewer" (lecture follower) or
+        anything else (a control channel such as the presenter socket, which only gets replies)."""
+        headers = getattr(ws, "headers", {}) or {}
+        if not origin_allowed(headers.get("origin"), headers.get("host"), self.allowed_origins):
+            log.warning("websocket from a foreign origin refused: %s", str(headers.get("origin"))[:80])
+            await ws.close(code=1008)  # before accept: the browser sees a refused handshake (HTTP 403)
+            return
+        key = self.tab_key(ticket) if role == "tab" else None
+        if role == "tab" and key is None:
+            await ws.accept()  # accepted only to say why: a closed code alone would leave the page guessing
+            await ws.send_text(json.dumps({"type": "error", "error": "unknown or expired ticket: reload the page"}))
+            await ws.close(code=4401)
+            return
         await ws.accept()
         self.loop = asyncio.get_running_loop()
-        ch = Channel(ws, role, key)
+        ch = Channel(ws, role, key or "")
+        ch.address = getattr(getattr(ws, "client", None), "host", None)
         if role == "tab":
             old = self.tabs.get(key)
-            if old is not None:
+            if old is not None:  # the same page reconnecting (or a second socket with its ticket): one at a time
                 old.alive = False
+                old.wake.set()
             self.tabs[key] = ch
-            with self._lock:
-                pending = self.pending_binds.pop(key, None)
-            if pending is not None:
-                ch.session_key = pending
+            ch.session_key = key
+            if self.tab_has_session(key):  # else the page steps through Gradio until tab_ready says it may
                 ch.send_message(json.dumps({"type": "bound"}))
         elif role == "viewer":
             self.viewers.add(ch)
@@ -214,8 +267,12 @@ class Hub:
                 self.on_join()
         sender = asyncio.create_task(ch.sender())
         try:
-            while True:
+            while ch.alive:
                 data = await ws.receive_text()
+                if len(data) > MAX_MESSAGE_CHARS:
+                    ch.send_message(json.dumps({"type": "error", "error": f"message too long ({len(data)} "
+                                                f"characters; at most {MAX_MESSAGE_CHARS})"}))
+                    continue
                 if on_message is not None:
                     await on_message(ch, data)
         except Exception:  # noqa: BLE001 - WebSocketDisconnect or a broken socket: either way the client left
@@ -227,7 +284,11 @@ class Hub:
             if role == "tab":
                 if self.tabs.get(key) is ch:
                     del self.tabs[key]
+                    self.on_tab_closed(key)
             self.viewers.discard(ch)
+
+    def on_tab_closed(self, key: str) -> None:
+        """Hook (set by the server): a tab's socket closed; its session's idle clock now runs socket-less."""
 
 
 class Lecture:
@@ -238,6 +299,7 @@ class Lecture:
         self.hub = hub
         self.build_frame = build_frame  # (session, view) -> payload dict
         self.session = None
+        self.scripted = None  # the session a script drives over /ws/present when no tab presents (no tab's)
         self.view: tuple = ("en", 0, 0, "", None)
         self.sent_step = -1  # the last step whose event went out
         self._dirty = threading.Event()
@@ -256,8 +318,19 @@ class Lecture:
     def stop(self) -> None:
         self.hub.presenter, self.session = None, None
 
-    def is_presenter(self, key: str) -> bool:
+    def is_presenter(self, key) -> bool:
         return self.hub.presenter is not None and self.hub.presenter == key
+
+    def scripted_session(self, make):
+        """The session a presenter script drives: the presenting tab's, else the lecture's own (made once by
+        `make()`, held here and never in the tabs' registry, so no visitor's session key can name it)."""
+        if self.hub.presenter is not None and self.hub.presenter is not SCRIPTED and self.session is not None:
+            return self.session
+        if self.scripted is None:
+            self.scripted = make()
+        if not self.is_presenter(SCRIPTED) or self.session is not self.scripted:
+            self.start(SCRIPTED, self.scripted, self.view)
+        return self.scripted
 
     def changed(self, session, view=None) -> None:
         """The presenter's session changed (a step, a reset, a new request, a new view)."""
@@ -320,8 +393,10 @@ class PresenterSocket:
     {"type": "ok", ...} or {"type": "error", "error": ...}; steps reach the viewers like a presenting tab's.
     """
 
-    def __init__(self, hub: Hub, lecture: Lecture, registry):
-        self.hub, self.lecture, self.registry = hub, lecture, registry
+    MAX_WRONG_TOKENS = 3  # per socket; the address-wide limit is the hub's TokenGuard
+
+    def __init__(self, hub: Hub, lecture: Lecture, make_session):
+        self.hub, self.lecture, self.make_session = hub, lecture, make_session
 
     async def handle(self, ch: Channel, data: str) -> None:
         try:
@@ -330,8 +405,11 @@ class PresenterSocket:
                 raise ValueError("send a JSON object such as {\"op\": \"step\"}")
             op = msg.get("op")
             if op == "auth":
-                if not self.hub.check_token(msg.get("token")):
-                    raise ValueError("wrong presenter token")
+                try:
+                    self.hub.check_token(msg.get("token"), ch.address)
+                except ValueError:
+                    ch.wrong_tokens += 1
+                    raise
                 ch.role = "presenter"
                 reply = {"type": "ok", "op": "auth"}
             elif ch.role != "presenter":
@@ -342,26 +420,25 @@ class PresenterSocket:
             reply = {"type": "error", "error": str(exc) if isinstance(exc, ValueError) else
                      f"{type(exc).__name__}: {exc}"}
         ch.send_message(json.dumps(reply, ensure_ascii=False))
-
-    def _session(self):
-        key = self.hub.presenter or PRESENTER_KEY
-        s = self.registry.get(key)
-        if not self.lecture.is_presenter(key) or self.lecture.session is not s:
-            self.lecture.start(key, s, self.lecture.view)
-        return s
+        if ch.wrong_tokens >= self.MAX_WRONG_TOKENS:
+            await asyncio.sleep(0.1)  # let the reply go out, then hang up: the receive loop ends
+            await ch.ws.close(code=1008)
 
     def _run(self, op: str, msg: dict) -> dict:
         from engine import SamplingParams
 
-        s = self._session()
+        s = self.lecture.scripted_session(self.make_session)
         with s.lock:
             if op == "start":
-                params = SamplingParams(**(msg.get("params") or {}))
+                raw = msg.get("params") or {}
+                if not isinstance(raw, dict):
+                    raise ValueError("params must be an object of SamplingParams fields")
+                params = SamplingParams(**raw)
                 rid = s.add_request(msg.get("prompt", ""), params, bool(msg.get("chat", True)), msg.get("system"))
                 out = {"type": "ok", "op": op, "seq_id": rid}
             elif op == "step":
-                count = int(msg.get("count", 1))
-                if not 1 <= count <= 1000:
+                count = msg.get("count", 1)
+                if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 1000:
                     raise ValueError("count must be between 1 and 1000")
                 steps = [ev.step for ev in (s.step() for _ in range(count)) if ev is not None]
                 out = {"type": "ok", "op": op, "steps": steps}

@@ -11,6 +11,7 @@ from pathlib import Path
 from fastapi import WebSocket
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
+MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 log = logging.getLogger("inferlab")
 
 
@@ -74,11 +75,17 @@ def follow_html() -> str:
 
 
 def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | None = None, base=None,
-               presenter_token: str | None = None):
+               presenter_token: str | None = None, max_sessions: int = 24,
+               allowed_origins: tuple[str, ...] | None = None, socketless_timeout_s: float = 300.0):
     """Build the FastAPI app. With `base` (an Engine) no loading happens: used by tests.
 
     `presenter_token`: the lecture-mode secret (default: $INFERLAB_PRESENTER_TOKEN, else a random one,
     readable as app.state.hub.token and printed by `python -m app`).
+    `max_sessions`: tabs served at once (each holds its own KV pool); past it a visitor reads "the lab is full".
+    `allowed_origins`: websocket origins accepted besides the page's own host (default:
+    $INFERLAB_ALLOWED_ORIGINS, comma-separated), e.g. a Space's https://NAME.hf.space.
+    `socketless_timeout_s`: a session whose page has no open websocket (an API client) is freed after this long
+    without an event.
     """
     import os
 
@@ -88,12 +95,14 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     from fastapi.responses import FileResponse, HTMLResponse
     from fastapi.staticfiles import StaticFiles
 
-    from . import render
+    from . import downloads, render
     from .live import Hub, Lecture, PresenterSocket
-    from .session import SessionRegistry
+    from .session import LabSession, SessionRegistry
     from .ui import build_demo
 
-    registry = SessionRegistry(kv_memory=kv_memory)
+    registry = SessionRegistry(kv_memory=kv_memory, max_sessions=max_sessions,
+                               socketless_timeout_s=socketless_timeout_s)
+    downloads.remove_stale()
     holder = ModelHolder(source=source, device=device)
     if base is not None:
         from engine.metrics import measure_bandwidth, measure_peak_flops
@@ -116,7 +125,13 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     def healthz():
         return {"ready": holder.ready, "progress": holder.progress, "error": holder.error}
 
-    hub = Hub(presenter_token or os.environ.get("INFERLAB_PRESENTER_TOKEN") or None)
+    if allowed_origins is None:
+        allowed_origins = tuple(o for o in os.environ.get("INFERLAB_ALLOWED_ORIGINS", "").split(",") if o.strip())
+    hub = Hub(presenter_token or os.environ.get("INFERLAB_PRESENTER_TOKEN") or None, allowed_origins,
+              tab_key=registry.key_for_ticket)
+    registry.has_socket, registry.on_create = hub.has_tab, hub.tab_ready
+    hub.tab_has_session = lambda key: key in registry.sessions
+    hub.on_tab_closed = registry.peek  # the socket-less idle clock starts when the page's socket closes
 
     def lecture_frame(s, view):
         lang, layer, head, word, npos = view
@@ -126,18 +141,30 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
         return frame
 
     lecture = Lecture(hub, lecture_frame)
-    presenter = PresenterSocket(hub, lecture, registry)
+
+    def lecture_session():
+        if registry.base is None:
+            raise RuntimeError("the model is still loading")
+        return LabSession.create(registry.base, kv_memory)
+
+    presenter = PresenterSocket(hub, lecture, lecture_session)
+
+    def tab_closed(key):  # a closed (or swept) tab stops presenting
+        if lecture.is_presenter(key):
+            lecture.stop()
+
+    registry.on_drop = tab_closed
 
     demo = build_demo(registry, holder, hub, lecture)  # mounted last: routes declared before the mount win
 
     async def tab_message(ch, data):
         # a Step sent by the page itself; one at a time per tab, in the order clicked
-        await asyncio.to_thread(demo.lab_handlers.tab_message, ch.key, ch.session_key, data)
+        await asyncio.to_thread(demo.lab_handlers.tab_message, ch.session_key, data)
 
     @app.websocket("/ws/lab")
-    async def tab_socket(ws: WebSocket, client: str = ""):
-        # this tab's own payloads (see app/live.py); the client id is random per page load
-        await hub.serve(ws, "tab", key=client[:64], on_message=tab_message)
+    async def tab_socket(ws: WebSocket, ticket: str = ""):
+        # this tab's own payloads (see app/live.py); the ticket came to the page over its own Gradio event
+        await hub.serve(ws, "tab", ticket=ticket[:64], on_message=tab_message)
 
     async def read_only(ch, data):
         ch.send_message('{"type": "error", "error": "viewers are read-only: only the presenter drives the engine"}')
@@ -156,6 +183,8 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
 
     # not "/static": Gradio serves its own fonts and scripts there, and a mount declared first would hide them
     app.mount("/lab-static", StaticFiles(directory=str(STATIC)), name="lab-static")
-    app = gr.mount_gradio_app(app, demo, path="/", head=head_html(), theme=gr.themes.Soft(), ssr_mode=False)
+    # uploads (traces) are capped by Gradio before they reach a handler; app/trace.py checks what is inside
+    app = gr.mount_gradio_app(app, demo, path="/", head=head_html(), theme=gr.themes.Soft(), ssr_mode=False,
+                              max_file_size=MAX_UPLOAD_BYTES)
     app.state.registry, app.state.holder, app.state.hub, app.state.lecture = registry, holder, hub, lecture
     return app, holder

@@ -6,6 +6,10 @@ and idle sessions are swept after a timeout as a safety net.
 """
 from __future__ import annotations
 
+import ctypes
+import gc
+import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,8 +19,33 @@ from engine import Capture, Engine, SamplingParams, StepEvent
 from engine.scheduler import Status
 from engine.tokenizer import bpe_merges, render_prompt, token_info
 
+from .downloads import TabDownloads
+
+log = logging.getLogger("inferlab")
+
 MAX_EVENTS = 400  # enough for a lecture; older events are dropped (their charts scroll away anyway)
+# Every text a visitor sends is capped before any work (tokenizing a 10 MB prompt took 23 s before the
+# engine refused it; an 8 MB system prompt 12 s):
 MAX_PROMPT_CHARS = 20000
+MAX_SYSTEM_CHARS = 4000
+MAX_STOP_CHARS = 400  # the stop box, all strings together
+MAX_WORD_CHARS = 64  # the BPE word box: the merge trace grows quadratically with the word
+MAX_VIEW_CHARS = 8192  # the view state lab.js writes (chart ids in view)
+# What one tab may keep of the captured tensors (attention, lens, norms) over all its kept events; older
+# events lose their captures first (their charts say so). Twenty tabs hold at most twenty times this.
+SESSION_CAPTURE_BYTES = 64 * 1024 * 1024
+MAX_BPE_CACHE = 64
+
+
+def cap_text(name: str, value, limit: int) -> str:
+    """`value` as a str of at most `limit` characters, or a ValueError naming the box (checked before any work)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be text")
+    if len(value) > limit:
+        raise ValueError(f"{name} is {len(value)} characters; the lab accepts up to {limit}")
+    return value
 
 
 @dataclass
@@ -86,6 +115,8 @@ class LabSession:
     # step number -> the small view state right after that step (focus, each sequence's token ids): what a
     # replayed trace needs to draw the same panels without a tokenizer or KV state (app/trace.py)
     views: dict[int, dict] = field(default_factory=dict)
+    bpe_cache: dict[str, list] = field(default_factory=dict)  # word -> its merge trace
+    tab_key: str | None = None  # the registry key of the tab this session belongs to (its socket's name)
 
     @classmethod
     def create(cls, base: Engine, kv_memory: int | None = None) -> "LabSession":
@@ -97,10 +128,10 @@ class LabSession:
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, prompt: str, params: SamplingParams, chat: bool, system: str | None) -> int:
-        if not isinstance(prompt, str) or not prompt.strip():
+        prompt = cap_text("prompt", prompt, MAX_PROMPT_CHARS)
+        system = cap_text("system prompt", system, MAX_SYSTEM_CHARS)
+        if not prompt.strip():
             raise ValueError("prompt must not be empty")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise ValueError(f"prompt is {len(prompt)} characters; the lab accepts up to {MAX_PROMPT_CHARS}")
         system = system if (chat and system and system.strip()) else None
         rendered = render_prompt(self.engine.tokenizer, prompt, chat=chat, system=system)
         with self.lock:
@@ -125,11 +156,25 @@ class LabSession:
             self.what_if = None  # the new step used the sliders' values: nothing is hypothetical any more
             self.events.append(event)
             del self.events[:-MAX_EVENTS]
+            self._keep_capture_budget()
             self.views[event.step] = self.view_state()
             if len(self.views) > len(self.events):
                 keep = {e.step for e in self.events}
                 self.views = {k: v for k, v in self.views.items() if k in keep}
             return event
+
+    def _keep_capture_budget(self) -> None:
+        """Drop the captures of the oldest events until this tab's captures fit SESSION_CAPTURE_BYTES."""
+        if not hasattr(StepEvent, "capture_nbytes"):  # TEMP until events.py has it
+            return
+        total = sum(ev.capture_nbytes() for ev in self.events)
+        for ev in self.events[:-1]:  # the newest step keeps its capture: the page is about to draw it
+            if total <= SESSION_CAPTURE_BYTES:
+                break
+            held = ev.capture_nbytes()
+            if held:
+                ev.drop_captures()
+                total -= held
 
     def reset(self) -> None:
         with self.lock:
@@ -145,6 +190,9 @@ class LabSession:
 
     def close(self) -> None:
         self.reset()
+        self.bpe_cache.clear()
+        self.sent_figs.clear()
+        self.sent_html.clear()
 
     # ---- views (the LabView protocol) ---------------------------------------------------------------
     @property
@@ -184,7 +232,14 @@ class LabSession:
         return token_info(self.engine.tokenizer, self.engine.sequences[seq_id].token_ids)
 
     def bpe(self, word: str) -> list[dict]:
-        return bpe_merges(self.engine.tokenizer, word)
+        # drawn on every render of the tokens panel: computed once per word (bounded by MAX_WORD_CHARS)
+        word = cap_text("word", word, MAX_WORD_CHARS)
+        hit = self.bpe_cache.get(word)
+        if hit is None:
+            if len(self.bpe_cache) >= MAX_BPE_CACHE:
+                self.bpe_cache.clear()
+            hit = self.bpe_cache[word] = bpe_merges(self.engine.tokenizer, word)
+        return hit
 
     def nearest(self, token_id: int, k: int = 10) -> list[tuple[int, str, float]]:
         return self.engine.nearest_tokens(int(token_id), k)
@@ -211,41 +266,164 @@ class LabSession:
                 seq.params = params
 
 
-class SessionRegistry:
-    """session_hash -> LabSession, sharing one loaded base engine."""
+def request_key(request) -> str:
+    """A tab's registry key: Gradio's session hash (random per page load, never shown to anyone else). Special
+    sessions (the scripted lecture) live outside the registry, so no hash a client picks can reach them."""
+    return str(getattr(request, "session_hash", None) or "default")[:128]
 
-    def __init__(self, base: Engine | None = None, idle_timeout_s: float = 1800.0, kv_memory: int | None = None):
+
+class LabFull(ValueError):
+    """The global session cap is reached: the visitor gets a "try again in a minute" message, not a session."""
+
+
+class SessionClosed(ValueError):
+    """An event for a tab that has already been closed (a queued request after its unload)."""
+
+
+class SessionRegistry:
+    """session_hash -> LabSession, sharing one loaded base engine, with a ceiling on what strangers can hold.
+
+    * at most `max_sessions` live sessions (LabFull past it, after freeing idle ones);
+    * a session whose tab has no open websocket is freed after `socketless_timeout_s` without an event (API
+      clients that never heartbeat), any session after `idle_timeout_s`; a sweeper thread checks every few
+      seconds, so memory comes back without waiting for the next visitor;
+    * a closed tab's key is remembered for a while, so a request queued before the close cannot bring its
+      session back (only Gradio events create sessions; sockets and the sweeper never do);
+    * each tab gets a socket ticket: a server-made secret that its page receives over its own Gradio event
+      and presents when it opens /ws/lab (app/live.py). Tickets name sessions; clients never do.
+    """
+
+    def __init__(self, base: Engine | None = None, idle_timeout_s: float = 1800.0, kv_memory: int | None = None,
+                 max_sessions: int = 24, socketless_timeout_s: float = 300.0, sweep_every_s: float = 10.0):
         self.base = base
         self.sessions: dict[str, LabSession] = {}
         self.idle_timeout_s = idle_timeout_s
+        self.socketless_timeout_s = socketless_timeout_s
+        self.max_sessions = max_sessions
         self.kv_memory = kv_memory
+        self.has_socket = lambda key: False  # set by the server: whether a tab's websocket is open now
+        self.on_drop = lambda key: None  # set by the server: a closed tab stops presenting
+        self.on_create = lambda key: None  # set by the server: the tab's socket may now carry its Steps
+        self._downloads: dict[str, TabDownloads] = {}  # key -> the tab's download folder
+        self._tickets: dict[str, str] = {}  # session key -> its socket ticket
+        self._by_ticket: dict[str, str] = {}
+        self._closed: dict[str, float] = {}  # key -> when its tab closed
         self._lock = threading.Lock()
+        self._sweeper = threading.Thread(target=self._sweep_loop, args=(sweep_every_s,), daemon=True,
+                                         name="session-sweeper")
+        self._sweeper.start()
 
     def get(self, key: str) -> LabSession:
+        """The tab's session, created on its first Gradio event (within the cap)."""
         with self._lock:
-            self._sweep()
-            if key not in self.sessions:
-                if self.base is None:  # a replayed trace (put) works without a model; a live session does not
-                    raise RuntimeError("the model is still loading")
-                self.sessions[key] = LabSession.create(self.base, self.kv_memory)
-            return self.sessions[key]
+            s = self.sessions.get(key)
+            if s is not None:
+                s.last_used = time.time()
+                return s
+            if key in self._closed:
+                raise SessionClosed("this tab was closed; reload the page to start again")
+            if self.base is None:  # a replayed trace (put) works without a model; a live session does not
+                raise RuntimeError("the model is still loading")
+        self.sweep()
+        with self._lock:
+            if key in self.sessions:  # another event of the same tab made it meanwhile
+                return self.sessions[key]
+            if len(self.sessions) >= self.max_sessions:
+                raise LabFull(f"the lab is full: {len(self.sessions)} visitors are using it now "
+                              f"(at most {self.max_sessions}); try again in a minute")
+            s = self.sessions[key] = LabSession.create(self.base, self.kv_memory)
+            s.tab_key = key
+        self.on_create(key)
+        return s
+
+    def peek(self, key: str | None):
+        """The tab's session if it exists; never creates one (sockets use this)."""
+        s = self.sessions.get(key) if key else None
+        if s is not None:
+            s.last_used = time.time()
+        return s
+
+    def ticket(self, key: str) -> str:
+        """The tab's socket ticket (made once per tab; a Reset keeps it)."""
+        with self._lock:
+            if key not in self._tickets:
+                tk = secrets.token_urlsafe(24)
+                self._tickets[key], self._by_ticket[tk] = tk, key
+            return self._tickets[key]
+
+    def key_for_ticket(self, ticket: str | None) -> str | None:
+        if not isinstance(ticket, str) or not ticket:
+            return None
+        with self._lock:
+            return self._by_ticket.get(ticket)
 
     def put(self, key: str, session) -> None:
         """Replace a tab's session (e.g. with a ReplaySession); the old one is freed."""
         with self._lock:
+            if key not in self.sessions and len(self.sessions) >= self.max_sessions:
+                raise LabFull(f"the lab is full: {len(self.sessions)} visitors are using it now "
+                              f"(at most {self.max_sessions}); try again in a minute")
             old = self.sessions.pop(key, None)
             self.sessions[key] = session
+            session.tab_key = key
         if old is not None and old is not session:
             old.close()
 
+    def downloads(self, key: str) -> TabDownloads:
+        """The tab's download folder (a server-chosen name; removed when the tab closes)."""
+        with self._lock:
+            if key not in self._downloads:
+                self._downloads[key] = TabDownloads()
+            return self._downloads[key]
+
+    def renew(self, key: str) -> LabSession:
+        """Reset: a fresh session for the same tab (same ticket, same socket)."""
+        with self._lock:
+            old = self.sessions.pop(key, None)
+        if old is not None:
+            old.close()
+        return self.get(key)
+
     def drop(self, key: str) -> None:
+        """The tab closed: free its session and ticket, and refuse late events for it."""
         with self._lock:
             session = self.sessions.pop(key, None)
+            tk = self._tickets.pop(key, None)
+            self._by_ticket.pop(tk, None)
+            downloads = self._downloads.pop(key, None)
+            self._closed[key] = time.time()
+            if len(self._closed) > 4096:  # the oldest go first; their late events are long over
+                for old in sorted(self._closed, key=self._closed.get)[:1024]:
+                    del self._closed[old]
+        if downloads is not None:
+            downloads.remove()
+        self.on_drop(key)
         if session is not None:
             session.close()
+            release_memory()
 
-    def _sweep(self) -> None:
+    def sweep(self) -> None:
+        """Free sessions idle past their timeout (see the class docstring)."""
         now = time.time()
         for key, s in list(self.sessions.items()):
-            if now - s.last_used > self.idle_timeout_s:
-                self.sessions.pop(key).close()
+            limit = self.idle_timeout_s if self.has_socket(key) else self.socketless_timeout_s
+            if now - s.last_used > limit and not getattr(s, "running", False):
+                log.info("session idle for %.0f s: freed", now - s.last_used)
+                self.drop(key)
+
+    def _sweep_loop(self, every_s: float) -> None:
+        while True:
+            time.sleep(every_s)
+            try:
+                self.sweep()
+            except Exception:  # noqa: BLE001 - the sweeper must survive anything
+                log.exception("session sweep failed")
+
+
+def release_memory() -> None:
+    """Hand freed heap back to the OS: glibc keeps large freed arenas otherwise, and RSS would only grow."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): the allocator decides
+        pass

@@ -15,13 +15,19 @@ import traceback
 import gradio as gr
 
 from engine import SamplingParams
+try:  # TEMP until the engine exports it
+    from engine import StepFailed
+except ImportError:
+    class StepFailed(RuntimeError):
+        pass
 from engine.scheduler import Status
 
 from . import calculators as calc
 from . import render
 from .i18n import EXAMPLES, PANELS, UI, t
 from .live import Hub, Lecture
-from .session import SessionRegistry
+from .session import (MAX_STOP_CHARS, MAX_VIEW_CHARS, MAX_WORD_CHARS, LabFull, SessionRegistry, cap_text,
+                      request_key as _key)
 from .trace import ReplaySession
 from .ui_tools import ToolHandlers
 
@@ -74,8 +80,7 @@ class LabHandlers:
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _session(self, request: gr.Request):
-        key = getattr(request, "session_hash", None) or "default"
-        return self.registry.get(key)
+        return self.registry.get(_key(request))
 
     def _payload(self, s, view, message="", kind="info", what_if=None, op=None):
         """Build and deliver. `op` tags the payload with what caused it (lab.js counts "step" payloads: tests wait
@@ -83,25 +88,15 @@ class LabHandlers:
         p = self._payload_dict(s, view, message, kind, what_if)
         if op:
             p["op"] = op
-        self._bind(s, view[-1])
         near = _near_set(view[-1])
-        client = _client_id(view[-1])
-        if near and client and self.hub is not None and self.hub.has_tab(client):
+        if near and self.hub is not None and self.hub.has_tab(s.tab_key):
             # charts just outside the screen follow in a second payload: the screen is updated first
             p["stale"] = [c for c in p.get("stale", []) if c not in near]
-            out = self._deliver(p, view[-1])
+            out = self._deliver(p, s.tab_key)
             rest = render.build_payload(s, *_view_args(view), self.holder.machine, what_if, only=near)
-            self._deliver(_drop_unchanged(s, {"figs": rest["figs"]}), view[-1])
+            self._deliver(_drop_unchanged(s, {"figs": rest["figs"]}), s.tab_key)
             return out
-        return self._deliver(p, view[-1])
-
-    def _bind(self, s, visible) -> None:
-        """Tie the tab's websocket (named in `visible`) to this Gradio session, so its Steps can skip Gradio."""
-        client = _client_id(visible)
-        if client and self.hub is not None:
-            key = next((k for k, v in list(self.registry.sessions.items()) if v is s), None)
-            if key is not None:
-                self.hub.bind_tab(client, key)
+        return self._deliver(p, s.tab_key)
 
     def _payload_dict(self, s, view, message="", kind="info", what_if=None) -> dict:
         lang, layer, head, word, npos = _view_args(view)
@@ -118,26 +113,30 @@ class LabHandlers:
             self.lecture.changed(s, (lang, layer, head, word, npos))
         return p
 
-    def _deliver(self, p: dict, visible):
-        """Over this tab's websocket when it has one (fast), else as the payload component's new value.
-
-        `visible`: the view state lab.js writes, which names the tab's websocket client."""
+    def _deliver(self, p: dict, key: str | None):
+        """Over the websocket of the tab whose session is `key` when it has one (fast), else as the payload
+        component's new value. The tab is the server's own record, never a name the client sent."""
         p["t"] = time.time()
-        client = _client_id(visible)
-        if client and self.hub is not None and self.hub.push_tab(client, p):
+        if key and self.hub is not None and self.hub.push_tab(key, p):
             return gr.skip()
         return render.dumps(p)
 
     def _error(self, exc: Exception, lang: str, op: str | None = None) -> str:
-        if isinstance(exc, ValueError):
+        if isinstance(exc, LabFull):
+            text, kind = t("lab_full", lang).format(n=self.registry.max_sessions), "warn"
+        elif isinstance(exc, ValueError):
             text, kind = str(exc), "error"
         elif isinstance(exc, RuntimeError) and "loading" in str(exc):
             # no live session: either the model is still loading or it failed to (then say why; a trace still works)
             text, kind = (f"{self.holder.error}. {t('trace_hint', lang)}", "error") if self.holder.error else \
                 (t("loading", lang), "warn")
+        elif isinstance(exc, StepFailed):  # the engine undid the step: the session is as before, truly
+            log.warning("step failed and was undone: %s", exc.__cause__ or exc)
+            cause = exc.__cause__ or exc
+            text, kind = t("step_failed", lang).format(cause=f"{type(cause).__name__}: {cause}"[:300]), "error"
         else:
             log.error("handler failed:\n%s", traceback.format_exc())
-            text, kind = f"Something went wrong ({type(exc).__name__}: {exc}). The session is still usable.", "error"
+            text, kind = t("failed", lang).format(cause=f"{type(exc).__name__}: {exc}"[:300]), "error"
         p = {"figs": {}, "html": {"html-message": render.message_html(text, kind)}, "t": time.time()}
         if op:
             p["op"] = op
@@ -145,6 +144,7 @@ class LabHandlers:
 
     @staticmethod
     def params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop) -> SamplingParams:
+        stop = cap_text("stop strings", stop, MAX_STOP_CHARS)
         stops = tuple(x for x in (stop or "").split(",") if x.strip()) if stop else ()
         stops = tuple(x.replace("\\n", "\n") for x in stops)
         seed = None if seed in (None, "") else int(seed)
@@ -190,35 +190,45 @@ class LabHandlers:
     STEP_FIELDS = ("prompt", "chat", "system", "temperature", "top_k", "top_p", "min_p", "rep", "freq", "pres",
                    "seed", "max_tokens", "stop", "lang", "layer", "head", "word", "npos", "visible")
 
-    def tab_message(self, client: str, session_key: str | None, data: str) -> None:
-        """A message from a tab's websocket (app/live.py). {"op": "step", "inputs": {STEP_FIELDS...}} runs
-        exactly the Gradio Step handler on the tab's own session; the payload comes back on the same socket."""
+    def hello(self, lang, request: gr.Request = None):
+        """On page load: the tab's socket ticket (lab.js opens /ws/lab with it), and its session when the model
+        is ready, so a full lab says so at once instead of on the first Step."""
+        key = _key(request)
+        try:
+            ticket = self.registry.ticket(key)
+            if self.holder.ready:
+                self.registry.get(key)
+            return ticket, gr.skip()
+        except Exception as exc:  # noqa: BLE001 - the lab is full, or the tab was closed
+            return gr.skip(), self._error(exc, lang)
+
+    def tab_message(self, key: str, data: str) -> None:
+        """A message from a tab's websocket (app/live.py), whose session `key` the server tied to it by ticket.
+        {"op": "step", "inputs": {STEP_FIELDS...}} runs exactly the Gradio Step handler on that session; the
+        payload comes back on the same socket. A socket never creates a session (a Step queued behind the
+        tab's close must not bring it back)."""
         lang = "en"
         try:
             msg = json.loads(data)
             if not isinstance(msg, dict) or msg.get("op") != "step":
                 raise ValueError("this socket only takes {\"op\": \"step\", \"inputs\": {...}}")
-            if session_key is None:
-                raise ValueError("this page is not tied to a session yet: use the Step button once more")
             inputs = msg.get("inputs") if isinstance(msg.get("inputs"), dict) else {}
             args = _step_inputs(inputs)
             lang = args["lang"]
+            if self.registry.peek(key) is None:
+                raise ValueError(t("no_session", lang))
         except Exception as exc:  # noqa: BLE001 - a malformed message is answered, never raised into the socket
-            self.hub.push_tab(client, json.loads(self._error(ValueError(str(exc)), lang, op="step")))
+            self.hub.push_tab(key, json.loads(self._error(ValueError(str(exc)), lang, op="step")))
+            if self.registry.peek(key) is None:
+                self.hub.send_tab(key, {"type": "unbound"})  # the page's next Step goes through Gradio
             return
-        state = _view_state(args["visible"])
-        ids = state.get("ids") if isinstance(state, dict) else None
-        near = state.get("near") if isinstance(state, dict) else None
-        # this socket's client, whatever the message said
-        args["visible"] = json.dumps({"client": client, "ids": ids, "near": near})
-        request = _TabRequest(session_key)
-        out = self.step(**args, request=request)
+        out = self.step(**args, request=_TabRequest(key))
         if isinstance(out, str):  # an error payload (or no channel to push on): send it on this socket
-            self.hub.push_tab(client, json.loads(out))
-        s = self.registry.sessions.get(session_key)
+            self.hub.push_tab(key, json.loads(out))
+        s = self.registry.peek(key)
         if s is not None and s.sent_html.get("_focus_choices") != self._choices(s):
             # the list of sequences changed: the dropdown is a Gradio control, updated by a Gradio event
-            self.hub.send_tab(client, {"type": "sync", "what": "choices"})
+            self.hub.send_tab(key, {"type": "sync", "what": "choices"})
 
     def add(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
              lang, layer, head, word, npos, visible, request: gr.Request = None):
@@ -260,9 +270,8 @@ class LabHandlers:
 
     def reset(self, lang, visible="", request: gr.Request = None):
         try:
-            key = getattr(request, "session_hash", None) or "default"
-            self.registry.drop(key)
-            s = self.registry.get(key)
+            key = _key(request)
+            s = self.registry.renew(key)
             if self.lecture is not None and self.lecture.is_presenter(key):
                 self.lecture.session = s  # the viewers follow the fresh session
             return self._payload(s, (lang, 0, 0, "", None, visible), "")
@@ -284,10 +293,10 @@ class LabHandlers:
                 # this event) already applied them, or the user moved a slider back. That is no what-if.
                 s.what_if = None
                 return self._deliver(_drop_unchanged(s, render.chain_payload(s, lang, *self._status(s, lang))),
-                                     visible)
+                                     s.tab_key)
             trace = s.engine.what_if(s.focus, params)
             s.what_if = trace
-            return self._deliver(_drop_unchanged(s, render.what_if_payload(s, trace, lang)), visible)
+            return self._deliver(_drop_unchanged(s, render.what_if_payload(s, trace, lang)), s.tab_key)
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
@@ -352,9 +361,11 @@ class LabHandlers:
         try:
             if self.hub is None or self.lecture is None:
                 raise ValueError("lecture mode is not available in this server")
-            if not self.hub.check_token((token or "").strip()):
-                raise ValueError(t("bad_token", lang))
-            key = getattr(request, "session_hash", None) or "default"
+            try:
+                self.hub.check_token(token, _address(request))
+            except ValueError as exc:  # a wrong token, or too many of them from this address
+                raise ValueError(t("bad_token", lang) if str(exc) == "wrong presenter token" else str(exc)) from None
+            key = _key(request)
             s = self._session(request)
             view = (lang, layer, head, word, npos, visible)
             self.lecture.start(key, s, _view_args(view))
@@ -363,7 +374,7 @@ class LabHandlers:
             return self._error(exc, lang)
 
     def stop_presenting(self, lang, request: gr.Request = None):
-        key = getattr(request, "session_hash", None) or "default"
+        key = _key(request)
         if self.lecture is not None and self.lecture.is_presenter(key):
             self.lecture.stop()
         return render.dumps({"figs": {}, "html": {"html-message": render.message_html(t("not_presenting", lang))},
@@ -373,7 +384,7 @@ class LabHandlers:
         """Who presents and how many follow, for the lecture box (polled by the page's timer)."""
         if self.hub is None:
             return ""
-        key = getattr(request, "session_hash", None) or "default"
+        key = _key(request)
         me = self.lecture is not None and self.lecture.is_presenter(key)
         state = t("you_present", lang) if me else (t("other_presents", lang) if self.hub.presenter else
                                                    t("nobody_presents", lang))
@@ -456,14 +467,15 @@ def _drop_unchanged(s, p: dict) -> dict:
 def _view_args(view) -> tuple:
     """(lang, layer, head, word, neighbour position) from a handler's view inputs, typed for build_payload."""
     lang, layer, head, word, npos, _ = view
+    word = cap_text("word", word, MAX_WORD_CHARS)
     npos = None if npos in (None, "") or int(npos) < 0 else int(npos)
     return lang, int(layer or 0), int(head or 0), word or "", npos
 
 
 def _view_state(visible):
     """lab.js writes {"client": its websocket id, "ids": chart ids in view} (a bare list in older pages)."""
-    if not visible:
-        return None
+    if not visible or not isinstance(visible, str) or len(visible) > MAX_VIEW_CHARS:
+        return None  # a view state this long is not lab.js's: build everything, as before its first report
     try:
         return json.loads(visible)
     except ValueError:
@@ -534,15 +546,21 @@ def _near_set(visible) -> set[str]:
     return {i for i in near if i in render.CHART_IDS} if isinstance(near, list) else set()
 
 
-def _client_id(visible) -> str | None:
-    state = _view_state(visible)
-    client = state.get("client") if isinstance(state, dict) else None
-    return client if isinstance(client, str) and client else None
+def _address(request) -> str | None:
+    """The visitor's address for rate limits: the first X-Forwarded-For hop behind a proxy (a Space), else the
+    peer. A forged header only changes which bucket a guess lands in; TokenGuard's overall limit still holds."""
+    headers = getattr(request, "headers", None) or {}
+    forwarded = headers.get("x-forwarded-for") if hasattr(headers, "get") else None
+    if forwarded:
+        return forwarded.split(",")[0].strip()[:64]
+    return getattr(getattr(request, "client", None), "host", None)
 
 
 def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lecture: Lecture | None = None) -> gr.Blocks:
     h = LabHandlers(registry, holder, hub, lecture)
-    with gr.Blocks(title="InferLab") as demo:
+    # delete_cache: Gradio keeps a copy of every download and upload in its cache; files older than 15 min go
+    # (checked every 5 min), so a room's exports and uploaded traces cannot fill the disk
+    with gr.Blocks(title="InferLab", delete_cache=(300, 900)) as demo:
         with gr.Row(elem_classes="il-header"):
             gr.HTML(f'<h1 class="il-title">{html.escape(UI["title"]["en"])}</h1>'
                     f'<p class="il-sub">{html.escape(UI["subtitle"]["en"])}</p>', elem_id="il-title")
@@ -663,6 +681,8 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
         # a Step that came over the websocket cannot update a Gradio control: lab.js clicks this when the list
         # of sequences changed
         sync_choices = gr.Button("sync", elem_id="sync_choices", elem_classes="il-hidden")
+        # the tab's socket ticket (a server-made secret, see SessionRegistry.ticket), handed to lab.js
+        ticket = gr.Textbox(value="", elem_id="tab_ticket", elem_classes="il-hidden", container=False)
 
         sampling_inputs = [temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop]
         view_inputs = [lang, layer, head, word, npos, visible]
@@ -752,16 +772,15 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
         lang.change(h.relabel, lang, relabeled).then(h.view, view_inputs, payload)
         timer.tick(h.status, lang, [status, timer, layer, head], show_progress="hidden")
         demo.load(h.status, lang, [status, timer, layer, head])
+        demo.load(h.hello, lang, [ticket, payload], show_progress="hidden").then(
+            None, ticket, None, js="(t) => { if (window.inferlab && t) window.inferlab.connect(t); return []; }")
         # the calculators once the model and this machine's numbers are known (the loaded model joins the list)
         calc_timer = gr.Timer(1.0)
         calc_outputs = [c_model, c_dtype, c_gpu, payload, calc_timer]
         calc_timer.tick(tools.calc_ready, [*calc_inputs], calc_outputs, show_progress="hidden")
 
         def free_session(request: gr.Request):
-            key = getattr(request, "session_hash", None) or "default"
-            if h.lecture is not None and h.lecture.is_presenter(key):
-                h.lecture.stop()
-            registry.drop(key)
+            registry.drop(_key(request))  # also stops the lecture if this tab presented (registry.on_drop)
 
         demo.unload(free_session)
     demo.lab_handlers = h  # the server routes the tabs' websocket Steps to the same handlers

@@ -6,7 +6,7 @@ charts reach the page the same way a step's do; errors become a message on the p
 from __future__ import annotations
 
 import html
-import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -21,9 +21,13 @@ from .export import chart_file
 from .i18n import t
 from .tour import apply_action, load_tour
 from .trace import ReplaySession, TraceError, export_trace, load_trace, save_trace
+from .session import request_key as _key
 
-EXPORT_DIR = Path(tempfile.gettempdir()) / "inferlab-exports"
-MAX_TRACE_BYTES = 200 * 1024 * 1024
+MAX_TRACE_BYTES = 64 * 1024 * 1024  # an uploaded trace file (app/trace.py also caps what it unpacks to)
+# "Measure speedup" runs two generations on the one compute thread that every tab's steps share: one at a
+# time in the whole server, and short, so no visitor's measurement holds everyone else's steps for long.
+MEASURE_TOKENS = 32
+_measuring = threading.Lock()
 
 
 class ToolHandlers:
@@ -34,7 +38,7 @@ class ToolHandlers:
 
     @staticmethod
     def _key(request) -> str:
-        return getattr(request, "session_hash", None) or "default"
+        return _key(request)
 
     # ---- trace export / replay --------------------------------------------------------------------
     def export_trace(self, lang, request: gr.Request = None):
@@ -44,7 +48,7 @@ class ToolHandlers:
                 if not s.events:
                     raise ValueError(t("trace_empty", lang))
                 doc = export_trace(s)
-            directory = EXPORT_DIR / self._key(request)[:32]
+            directory = self.lab.registry.downloads(self._key(request)).folder()
             return str(save_trace(doc, directory)), render.dumps(
                 {"figs": {}, "html": {"html-message": render.message_html(t("trace_saved", lang))}, "t": time.time()})
         except Exception as exc:  # noqa: BLE001
@@ -56,7 +60,7 @@ class ToolHandlers:
             path = getattr(file, "name", file)
             if not path:
                 raise ValueError(t("trace_none", lang))
-            if Path(path).stat().st_size > MAX_TRACE_BYTES:
+            if Path(path).stat().st_size > MAX_TRACE_BYTES:  # Gradio's max_file_size refuses most before this
                 raise ValueError(f"the trace is larger than {MAX_TRACE_BYTES // 2**20} MiB")
             replay = load_trace(Path(path))
             key = self._key(request)
@@ -79,7 +83,9 @@ class ToolHandlers:
             with s.lock:
                 p = render.build_payload(s, lang, int(layer or 0), int(head or 0), word or "", npos,
                                          self.lab.holder.machine, None, None, only={chart_id})
-            path = chart_file(p["figs"], chart_id, fmt, EXPORT_DIR / self._key(request)[:32])
+            if fmt not in ("png", "html"):
+                raise ValueError("format must be png or html")
+            path = chart_file(p["figs"], chart_id, fmt, self.lab.registry.downloads(self._key(request)).folder())
             return str(path), render.dumps({"figs": {}, "t": time.time(), "html": {
                 "html-message": render.message_html(t("export_done", lang).format(name=path.name))}})
         except Exception as exc:  # noqa: BLE001
@@ -117,8 +123,13 @@ class ToolHandlers:
                 raise ValueError(t("spec_no_prompt", lang))
             req = s.requests[s.focus]
             params = s.engine.sequences[s.focus].params
-            cmp = compare_with_plain(s.engine, req.token_ids, params, s.speculative,
-                                     max_tokens=min(48, params.max_tokens))
+            if not _measuring.acquire(blocking=False):
+                raise ValueError(t("spec_busy", lang))
+            try:
+                cmp = compare_with_plain(s.engine, req.token_ids, params, s.speculative,
+                                         max_tokens=min(MEASURE_TOKENS, params.max_tokens))
+            finally:
+                _measuring.release()
             s.spec_comparison = cmp
             msg = t("spec_measured", lang).format(spec=cmp["speculative"]["tok_s"] or 0,
                                                   plain=cmp["plain"]["tok_s"] or 0, x=cmp["speedup"] or 0,
@@ -132,12 +143,13 @@ class ToolHandlers:
         base = self.lab.registry.base
         return calc.live_model_preset_from_engine(base) if base is not None else None
 
-    def calculators(self, model, dtype, context, batch, gpu, alpha, k, draft_cost, lang, visible):
+    def calculators(self, model, dtype, context, batch, gpu, alpha, k, draft_cost, lang, visible,
+                    request: gr.Request = None):
         try:
             p = calc.calculator_payload(model, dtype, context, batch, gpu, alpha, k, draft_cost, lang,
                                         self.live_preset(), self.lab.holder.machine or None)
             p["kind"] = "calc"  # lab.js counts these apart from the lab's own renders (tests wait on those)
-            return self.lab._deliver(p, visible)
+            return self.lab._deliver(p, self._key(request))
         except Exception as exc:  # noqa: BLE001
             return self.lab._error(exc, lang)
 
@@ -147,7 +159,8 @@ class ToolHandlers:
         return (gr.update(choices=c["model"], value=model), gr.update(choices=c["dtype"]),
                 gr.update(choices=c["gpu"], value=gpu))
 
-    def calc_ready(self, model, dtype, context, batch, gpu, alpha, k, draft_cost, lang, visible):
+    def calc_ready(self, model, dtype, context, batch, gpu, alpha, k, draft_cost, lang, visible,
+                   request: gr.Request = None):
         """Polled until the model is loaded and this machine measured: then the loaded model and this machine
         join the dropdowns, the charts are drawn once and the poll stops."""
         h = self.lab.holder
@@ -156,7 +169,8 @@ class ToolHandlers:
         if not h.ready:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=True)
         m, d, g = self.calc_choices(lang, model, gpu)
-        return m, d, g, self.calculators(model, dtype, context, batch, gpu, alpha, k, draft_cost, lang, visible), \
+        return m, d, g, self.calculators(model, dtype, context, batch, gpu, alpha, k, draft_cost, lang, visible,
+                                        request), \
             gr.Timer(active=False)
 
     # ---- guided tour ------------------------------------------------------------------------------
@@ -201,7 +215,7 @@ class ToolHandlers:
             s.tour = {"panel": step.panel, "index": new, "at": time.time()}
             out = self.lab._payload_dict(s, view, note)
             out["tour"] = s.tour
-            return self.lab._deliver(out, visible), box
+            return self.lab._deliver(out, s.tab_key), box
         except Exception as exc:  # noqa: BLE001
             return self.lab._error(exc, lang), gr.skip()
 

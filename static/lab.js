@@ -78,7 +78,7 @@
     clearTimeout(syncTimer);
     syncTimer = setTimeout(() => {
       // the server builds only these charts and sends them over this page's websocket (see connect())
-      setGradioValue("visible", JSON.stringify({ client: clientId, ids: [...visible].sort() }));
+      setGradioValue("visible", JSON.stringify({ ids: [...visible].sort() }));
       const missing = [...visible].some((id) => state.stale[id]);
       if (missing) setTimeout(() => click("refresh"), 60);
     }, 80);
@@ -157,16 +157,23 @@
 
   // This page's own websocket: the server pushes each step's payload here instead of through a Gradio
   // component (which cost ~250 ms per large payload). Without it (closed, or an old server) the payloads
-  // still arrive through the hidden Gradio textbox.
-  const clientId = (window.crypto && crypto.randomUUID) ? crypto.randomUUID()
-    : String(Date.now()) + Math.random().toString(16).slice(2);
+  // still arrive through the hidden Gradio textbox. The socket presents a ticket the server gave this page
+  // over its own Gradio event (page load): the server alone decides which session a socket belongs to.
   let socket = null;
-  function connect() {
-    if (window.INFERLAB_ROLE === "viewer" || !("WebSocket" in window)) return;
+  let ticket = null;
+  let retryMs = 1500;
+  function connect(newTicket) {
+    if (newTicket) {
+      if (newTicket === ticket && socket && socket.readyState <= 1) return;
+      ticket = newTicket;
+      if (socket) { socket.onclose = null; socket.close(); }
+    }
+    if (window.INFERLAB_ROLE === "viewer" || !("WebSocket" in window) || !ticket) return;
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
     const base = location.pathname.replace(/\/[^/]*$/, "");
-    socket = new WebSocket(`${proto}//${location.host}${base}/ws/lab?client=${encodeURIComponent(clientId)}`);
+    socket = new WebSocket(`${proto}//${location.host}${base}/ws/lab?ticket=${encodeURIComponent(ticket)}`);
     socket.onopen = () => {
+      retryMs = 1500;
       // after a reconnect a payload may have been lost on the old socket: ask for the current state
       const reconnected = state.socket === "closed";
       state.socket = "open";
@@ -176,12 +183,18 @@
     socket.onmessage = (m) => {
       const msg = JSON.parse(m.data);
       if (msg.type === "payload") render(msg.payload);
-      else if (msg.type === "bound") state.tied = true;  // the server tied this socket to our session
+      else if (msg.type === "bound") state.tied = true;  // our session exists: Steps may take this socket
+      else if (msg.type === "unbound") state.tied = false;  // it has gone: the next Step goes through Gradio
       else if (msg.type === "sync" && msg.what === "choices") click("sync_choices");
+      else if (msg.type === "error") state.socketError = msg.error;  // e.g. an expired ticket: Gradio carries on
     };
-    socket.onclose = () => { state.socket = "closed"; state.tied = false; setTimeout(connect, 1500); };
+    // reconnect with a growing pause: a refused ticket (the tab's session ended) is not hammered
+    socket.onclose = () => {
+      state.socket = "closed"; state.tied = false;
+      setTimeout(() => connect(), retryMs);
+      retryMs = Math.min(retryMs * 2, 30000);
+    };
   }
-  connect();
 
   // Step over this page's websocket: Gradio's round trip (queue, event stream, busy indicators) costs about
   // as much CPU as the engine step on a small machine, and both share its cores. The server runs the very
@@ -206,7 +219,7 @@
     const ids = [...visible].sort();
     const onScreen = ids.filter((id) => { const el = document.getElementById(id); return el && isVisible(el, 0); });
     const near = ids.filter((id) => !onScreen.includes(id));
-    const inputs = { visible: JSON.stringify({ client: clientId, ids: onScreen, near }) };
+    const inputs = { visible: JSON.stringify({ ids: onScreen, near }) };
     for (const [name, [id, kind]] of Object.entries(STEP_CONTROLS)) {
       const v = controlValue(id, kind);
       if (v === undefined) return null;
@@ -247,5 +260,5 @@
     if (document.querySelector(".il-chart")) { observeAll(); clearInterval(boot); }
   }, 200);
 
-  window.inferlab = { render, flush, state, visible, clientId };
+  window.inferlab = { render, flush, state, visible, connect };
 })();

@@ -163,17 +163,28 @@ def test_late_joiner_sees_the_current_state_at_once(server):
     asyncio.run(go())
 
 
+def _tab_url(ws_url, app, key):
+    """The socket URL a page gets for session `key`: its ticket is the server's (SessionRegistry.ticket)."""
+    return ws_url + "/ws/lab?ticket=" + app.state.registry.ticket(key)
+
+
+async def _wait_tab(app, key):
+    for _ in range(100):
+        if app.state.hub.has_tab(key):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"tab socket for {key} never registered")
+
+
 def test_tab_payloads_travel_over_the_tab_socket(server):
     ws_url, app = server
     h = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
-    visible = json.dumps({"client": "tab-test-client", "ids": ["chart-logits", "chart-bytes"]})
+    # lab.js no longer names a client: whatever a page writes there, the server routes by its own record
+    visible = json.dumps({"client": "someone-else", "ids": ["chart-logits", "chart-bytes"]})
 
     async def go():
-        async with connect(ws_url + "/ws/lab?client=tab-test-client", proxy=None, max_size=None) as ws:
-            for _ in range(50):
-                if app.state.hub.has_tab("tab-test-client"):
-                    break
-                await asyncio.sleep(0.02)
+        async with connect(_tab_url(ws_url, app, "tab-socket-test"), proxy=None, max_size=None) as ws:
+            await _wait_tab(app, "tab-socket-test")
             out = await asyncio.to_thread(
                 h.step, "Что такое гравитация?", True, "", 0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 16, "", "en", 0, 0,
                 "", None, visible, SimpleNamespace(session_hash="tab-socket-test"))
@@ -182,7 +193,7 @@ def test_tab_payloads_travel_over_the_tab_socket(server):
 
     out, msgs = asyncio.run(go())
     assert not isinstance(out, str)  # nothing went through the Gradio component
-    assert {"type": "bound"} in msgs  # the Gradio event tied this socket to its session
+    assert {"type": "bound"} in msgs  # the session came into being: the page may step over the socket
     payload = msgs[-1]["payload"]
     assert set(payload["figs"]) == {"chart-logits", "chart-bytes"}
     s = app.state.registry.sessions["tab-socket-test"]
@@ -197,30 +208,27 @@ STEP_INPUTS = {"prompt": "Что такое гравитация?", "chat": True
                "stop": "", "lang": "en", "layer": "0", "head": "0", "word": "", "npos": "-1"}
 
 
-def test_a_tied_tab_steps_over_its_own_socket(server):
+def test_a_tab_steps_over_its_own_socket(server):
     """The page's Step over /ws/lab runs the same handler on the tab's own session; the charts on screen come
-    first, those just off screen in a second payload; an untied socket or a bad value gets a message."""
+    first, those just off screen in a second payload; a socket whose tab has no session yet never makes one."""
     ws_url, app = server
-    client = "tab-step-client"
     key = "tab-step-session"
-    gradio_view = json.dumps({"client": client, "ids": ["chart-bytes"]})
     handlers = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
 
     async def go():
-        async with connect(ws_url + f"/ws/lab?client={client}", proxy=None, max_size=None) as ws:
-            for _ in range(50):
-                if app.state.hub.has_tab(client):
-                    break
-                await asyncio.sleep(0.02)
-            # not tied yet: refused with a message, and nothing runs
+        async with connect(_tab_url(ws_url, app, key), proxy=None, max_size=None) as ws:
+            await _wait_tab(app, key)
+            # no session yet: refused with a message, nothing runs and no session appears
             await ws.send(json.dumps({"op": "step", "inputs": STEP_INPUTS}))
             refused = (await recv_until(ws, lambda m: m["type"] == "payload"))[-1]["payload"]
-            # a Gradio event (here: the handler, as Gradio calls it) ties the socket to session `key`
-            await asyncio.to_thread(handlers.view, "en", 0, 0, "", None, gradio_view, SimpleNamespace(session_hash=key))
+            assert key not in app.state.registry.sessions
+            # a Gradio event (here: the handler, as Gradio calls it) makes the session; the socket hears of it
+            await asyncio.to_thread(handlers.view, "en", 0, 0, "", None, json.dumps({"ids": ["chart-bytes"]}),
+                                    SimpleNamespace(session_hash=key))
             await recv_until(ws, lambda m: m["type"] == "bound")
             s = app.state.registry.sessions[key]
             before = len(s.events)
-            view = json.dumps({"client": "someone-else", "ids": ["chart-logits"], "near": ["chart-sampling"]})
+            view = json.dumps({"ids": ["chart-logits"], "near": ["chart-sampling"]})
             await ws.send(json.dumps({"op": "step", "inputs": {**STEP_INPUTS, "visible": view}}))
             got = await recv_until(ws, lambda m: m["type"] == "payload" and "chart-sampling" in m["payload"]["figs"])
             if {"type": "sync", "what": "choices"} not in got:  # sent after the step: may trail the payloads
@@ -231,7 +239,7 @@ def test_a_tied_tab_steps_over_its_own_socket(server):
             return refused, s, before, got, err
 
     refused, s, before, got, err = asyncio.run(go())
-    assert "not tied" in refused["html"]["html-message"] and refused["op"] == "step"
+    assert "no session" in refused["html"]["html-message"] and refused["op"] == "step"
     assert len(s.events) == before + 1  # exactly one engine step, on this tab's session
     assert {"type": "sync", "what": "choices"} in got  # a new sequence: the page refreshes its Gradio dropdown
     payloads = [m["payload"] for m in got if m["type"] == "payload"]
@@ -262,23 +270,21 @@ def test_merged_payloads_equal_applying_both():
     assert m2["same"] == ["v", "x"] and set(m2["stale"]) == {"w", "y"} and m2["figs"] == {"x": 1, "z": 2}
 
 
-def test_a_tab_whose_first_step_beats_its_socket_is_tied_when_the_socket_arrives(server):
-    """A page's first Gradio event can arrive before its websocket has connected; the binding waits for it."""
+def test_a_socket_opened_after_the_session_is_bound_at_once(server):
+    """A page's first Gradio event can come before its websocket connects: the socket is bound on arrival."""
     ws_url, app = server
-    client, key = "tab-late-socket", "tab-late-session"
+    key = "tab-late-session"
     handlers = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
-    assert not app.state.hub.has_tab(client)
-    handlers.view("en", 0, 0, "", None, json.dumps({"client": client, "ids": ["chart-bytes"]}),
-                  SimpleNamespace(session_hash=key))
+    assert not app.state.hub.has_tab(key)
+    handlers.view("en", 0, 0, "", None, json.dumps({"ids": ["chart-bytes"]}), SimpleNamespace(session_hash=key))
 
     async def go():
-        async with connect(ws_url + f"/ws/lab?client={client}", proxy=None, max_size=None) as ws:
+        async with connect(_tab_url(ws_url, app, key), proxy=None, max_size=None) as ws:
             await recv_until(ws, lambda m: m["type"] == "bound", timeout=10)  # at once, without another event
             await ws.send(json.dumps({"op": "step", "inputs": STEP_INPUTS}))
             return (await recv_until(ws, lambda m: m["type"] == "payload"))[-1]["payload"]
 
     before = len(app.state.registry.sessions[key].events)
     payload = asyncio.run(go())
-    assert payload["op"] == "step" and "not tied" not in payload["html"].get("html-message", "")
+    assert payload["op"] == "step" and "no session" not in payload["html"].get("html-message", "")
     assert len(app.state.registry.sessions[key].events) == before + 1
-    assert client not in app.state.hub.pending_binds
