@@ -21,14 +21,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default=os.environ.get("INFERLAB_HOST", "127.0.0.1"))
     ap.add_argument("--port", type=int, default=int(os.environ.get("INFERLAB_PORT", "7860")))
     ap.add_argument("--kv-memory-mb", type=int, default=64, help="KV pool per browser tab, in MiB")
+    ap.add_argument("--max-sessions", type=int, default=int(os.environ.get("INFERLAB_MAX_SESSIONS", "24")),
+                    help="browser tabs served at once (each holds its own KV pool); more visitors read 'the lab "
+                         "is full'")
+    ap.add_argument("--allow-origin", action="append", default=None, metavar="URL",
+                    help="a page origin whose websockets are accepted besides this server's own host, e.g. "
+                         "https://NAME.hf.space (repeatable; default: $INFERLAB_ALLOWED_ORIGINS, comma-separated)")
+    ap.add_argument("--idle-minutes", type=float, default=float(os.environ.get("INFERLAB_IDLE_MINUTES", "5")),
+                    help="a session whose page has no open websocket (an API client) is freed after this long "
+                         "without an event")
     args = ap.parse_args(argv)
+    for name, value, low in (("--kv-memory-mb", args.kv_memory_mb, 1), ("--max-sessions", args.max_sessions, 1)):
+        if value < low:
+            ap.error(f"{name} must be at least {low} (got {value})")
+    if not args.idle_minutes > 0:
+        ap.error(f"--idle-minutes must be positive (got {args.idle_minutes})")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     import uvicorn
 
     from .server import create_app
 
-    app, holder = create_app(args.model, args.device, kv_memory=args.kv_memory_mb * 1024 * 1024)
+    app, holder = create_app(args.model, args.device, kv_memory=args.kv_memory_mb * 1024 * 1024,
+                             max_sessions=args.max_sessions,
+                             allowed_origins=tuple(args.allow_origin) if args.allow_origin else None,
+                             socketless_timeout_s=args.idle_minutes * 60)
     url = f"http://{args.host}:{args.port}"
     print(f"InferLab on {url}  (model: {args.model}, device: {args.device})", flush=True)
     # lecture mode: the presenter types this token into the page's "Lecture mode" box; viewers open /follow

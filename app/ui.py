@@ -772,7 +772,7 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
         lang.change(h.relabel, lang, relabeled).then(h.view, view_inputs, payload)
         timer.tick(h.status, lang, [status, timer, layer, head], show_progress="hidden")
         demo.load(h.status, lang, [status, timer, layer, head])
-        demo.load(h.hello, lang, [ticket, payload], show_progress="hidden").then(
+        demo.load(h.hello, lang, [ticket, payload], show_progress="hidden", api_name="hello").then(
             None, ticket, None, js="(t) => { if (window.inferlab && t) window.inferlab.connect(t); return []; }")
         # the calculators once the model and this machine's numbers are known (the loaded model joins the list)
         calc_timer = gr.Timer(1.0)
