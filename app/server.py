@@ -123,7 +123,10 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
 
     @app.get("/healthz")
     def healthz():
-        return {"ready": holder.ready, "progress": holder.progress, "error": holder.error}
+        # sessions and KV blocks in use: what an operator (and bench/soak.py) watches for leaks
+        return {"ready": holder.ready, "progress": holder.progress, "error": holder.error,
+                "sessions": len(registry.sessions), "max_sessions": registry.max_sessions,
+                "kv_blocks_used": registry.kv_blocks_used()}
 
     if allowed_origins is None:
         allowed_origins = tuple(o for o in os.environ.get("INFERLAB_ALLOWED_ORIGINS", "").split(",") if o.strip())

@@ -402,6 +402,14 @@ class SessionRegistry:
             session.close()
             release_memory()
 
+    def kv_blocks_used(self) -> int:
+        """KV blocks held by the live sessions' sequences, all tabs together (a replay holds none)."""
+        used = 0
+        for s in list(self.sessions.values()):
+            if isinstance(s, LabSession):
+                used += s.engine.kv_stats()["used"]
+        return used
+
     def sweep(self) -> None:
         """Free sessions idle past their timeout (see the class docstring)."""
         now = time.time()
