@@ -210,4 +210,4 @@ def t(key: str, lang: str) -> str:
     entry = UI.get(key)
     if entry is None:
         return key
-    return entry.get(lang) or entry["en"]
+    return entry["ru"] if lang == "ru" else entry["en"]  # anything but "ru" (even junk a client sent) is English

@@ -122,6 +122,7 @@ class LabHandlers:
         return render.dumps(p)
 
     def _error(self, exc: Exception, lang: str, op: str | None = None) -> str:
+        lang = "ru" if lang == "ru" else "en"  # the failure may be the language value itself
         if isinstance(exc, LabFull):
             text, kind = t("lab_full", lang).format(n=self.registry.max_sessions), "warn"
         elif isinstance(exc, ValueError):
@@ -171,6 +172,7 @@ class LabHandlers:
         sampling_args = (temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
         view = (lang, layer, head, word, npos, visible)
         try:
+            _view_args(view)  # the view's inputs (the word box) are capped before any engine work
             s = self._session(request)
             with s.lock:
                 self._start_or_update(s, prompt, chat, system, sampling_args)
@@ -236,6 +238,7 @@ class LabHandlers:
         sampling_args = (temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
         view = (lang, layer, head, word, npos, visible)
         try:
+            _view_args(view)  # the view's inputs (the word box) are capped before any engine work
             s = self._session(request)
             rid = s.add_request(prompt, self.params(*sampling_args), chat, system)
             msg = {"en": f"Request #{rid} queued: press Step to watch it join the batch.",
@@ -250,6 +253,7 @@ class LabHandlers:
         sampling_args = (temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
         view = (lang, layer, head, word, npos, visible)
         try:
+            _view_args(view)  # the view's inputs (the word box) are capped before any engine work
             s = self._session(request)
             with s.lock:
                 self._start_or_update(s, prompt, chat, system, sampling_args)
