@@ -69,9 +69,9 @@ def test_step_draws_every_panel(lab):
     page.evaluate("() => document.querySelector('#refresh').click()")
     page.wait_for_function(f"() => window.inferlab.state.renders > {before}", timeout=30000)
     assert len(seq.output_ids) == 4  # the prefill step samples the first token, then 3 decode steps
-    # the first Step went through Gradio (which tied the page's websocket to its session), the rest over it;
-    # the sequence dropdown, a Gradio control, still learnt of the new sequence
-    assert page.evaluate("() => window.inferlab.state.socketSteps") == 3
+    # every Step went over the page's websocket (the page got its ticket and its session on load); the sequence
+    # dropdown, a Gradio control, still learnt of the new sequence
+    assert page.evaluate("() => window.inferlab.state.socketSteps") == 4
     page.wait_for_function("() => (document.querySelector('#focus input') || {}).value === '#0 · running'",
                            timeout=30000)
     stream = page.inner_text("#html-stream")
@@ -107,8 +107,8 @@ def test_temperature_changes_sampling_chart_without_a_step(lab):
     title = page.evaluate("() => JSON.stringify(document.getElementById('chart-sampling').layout.title)")
     assert "what-if" in title.lower()  # the chart itself is marked as a what-if
     assert sum(len(s.events) for s in registry.sessions.values()) == steps_before  # no model step ran
-    # the next Step applies the slider: it travels over the page's websocket (the page is tied to its session
-    # since its first Gradio event) with the values read off the controls, and the engine uses 1.8 from then on
+    # the next Step applies the slider: it travels over the page's websocket (tied to its session since the
+    # page loaded) with the values read off the controls, and the engine uses 1.8 from then on
     socket_steps = page.evaluate("() => window.inferlab.state.socketSteps || 0")
     click_and_wait(page, "#step button, button#step")
     assert page.evaluate("() => window.inferlab.state.socketSteps || 0") == socket_steps + 1
