@@ -234,7 +234,9 @@ class Hub:
         role: "tab" (a lab page's own payloads; `ticket` names its session), "viewer" (lecture follower) or
         anything else (a control channel such as the presenter socket, which only gets replies)."""
         headers = getattr(ws, "headers", {}) or {}
-        if not origin_allowed(headers.get("origin"), headers.get("host"), self.allowed_origins):
+        # behind a proxy the page's host may arrive as X-Forwarded-Host (the Host header naming the container)
+        host = headers.get("x-forwarded-host") or headers.get("host")
+        if not origin_allowed(headers.get("origin"), host, self.allowed_origins):
             log.warning("websocket from a foreign origin refused: %s", str(headers.get("origin"))[:80])
             await ws.close(code=1008)  # before accept: the browser sees a refused handshake (HTTP 403)
             return

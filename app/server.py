@@ -130,6 +130,8 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
 
     if allowed_origins is None:
         allowed_origins = tuple(o for o in os.environ.get("INFERLAB_ALLOWED_ORIGINS", "").split(",") if o.strip())
+    if os.environ.get("SPACE_HOST"):  # on a Hugging Face Space its own page is https://SPACE_HOST
+        allowed_origins = (*allowed_origins, "https://" + os.environ["SPACE_HOST"])
     hub = Hub(presenter_token or os.environ.get("INFERLAB_PRESENTER_TOKEN") or None, allowed_origins,
               tab_key=registry.key_for_ticket)
     registry.has_socket, registry.on_create = hub.has_tab, hub.tab_ready

@@ -382,6 +382,7 @@ class SessionRegistry:
             old = self.sessions.pop(key, None)
         if old is not None:
             old.close()
+            release_memory()
         return self.get(key)
 
     def drop(self, key: str) -> None:

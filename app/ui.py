@@ -306,7 +306,9 @@ class LabHandlers:
 
     def view(self, lang, layer, head, word, npos, visible, request: gr.Request = None):
         try:
-            return self._payload(self._session(request), (lang, layer, head, word, npos, visible), message=None)
+            s = self._session(request)
+            with s.lock:  # renders of one tab may now run beside its steps: read its events whole
+                return self._payload(s, (lang, layer, head, word, npos, visible), message=None)
         except Exception as exc:  # noqa: BLE001
             return self._error(exc, lang)
 
@@ -699,7 +701,9 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
         # competes with the browser drawing the step's charts
         step_btn.click(h.step_with_choices, full, [payload, focus], concurrency_limit=None, show_progress="hidden",
                        trigger_mode="multiple")
-        run_ev = run_btn.click(h.run, full, payload, show_progress="hidden")
+        # no per-listener limit on Run: with Gradio's default of 1, one visitor's Run held every other visitor's
+        # Run in the queue until it finished; the engine's steps interleave on the compute thread anyway
+        run_ev = run_btn.click(h.run, full, payload, show_progress="hidden", concurrency_limit=None)
         run_ev.then(h.seq_choices, None, focus, show_progress="hidden")
         pause_btn.click(h.pause, None, None, cancels=[run_ev], queue=False)
         add_btn.click(h.add, full, payload, show_progress="hidden").then(h.seq_choices, None, focus)
@@ -787,5 +791,8 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
             registry.drop(_key(request))  # also stops the lecture if this tab presented (registry.on_drop)
 
         demo.unload(free_session)
+    # other events: several visitors' renders at once (Gradio's default is one per listener for the whole
+    # server, so one slow render queued everyone's); tensor work still runs one call at a time (engine/compute.py)
+    demo.queue(default_concurrency_limit=8)
     demo.lab_handlers = h  # the server routes the tabs' websocket Steps to the same handlers
     return demo
