@@ -14,6 +14,7 @@ engine/speculative.py).
 from __future__ import annotations
 
 import math
+import os
 import random
 import threading
 import time
@@ -24,16 +25,22 @@ import torch
 
 from . import compute, metrics
 from . import speculative as spec_mod
+from .checks import StepFailed, as_bool, as_instance, as_int, as_text, as_token_ids, type_error, value_error
 from .events import CaptureData, SeqEvent, StepEvent
-from .kv_cache import BlockManager, kv_bytes_per_token, num_blocks_for_budget
+from .kv_cache import BlockManager, kv_block_preserver, kv_bytes_per_token, num_blocks_for_budget
 from .loader import LoadedModel, load
 from .model import Capture, KVStorage, Model, ModelSpec, SeqInput
-from .sampling import SamplingParams, sample, sampling_probs, trace_chain
+from .sampling import MAX_TOP_N, SamplingParams, sample, sampling_probs, trace_chain
 from .scheduler import ScheduledSeq, Scheduler, Sequence, Status
 from .speculative import Draft, DraftRequest, SpeculativeConfig, SpecState, Verification
-from .tokenizer import IncrementalDetokenizer, render_prompt, token_bytes
+from .tokenizer import MAX_PROMPT_CHARS, MAX_SYSTEM_CHARS, IncrementalDetokenizer, render_prompt, token_bytes
 
 DEFAULT_KV_MEMORY = 256 * 1024 * 1024
+MAX_BLOCK_SIZE = 1024  # tokens per KV block; real engines use 16-256
+MAX_NUM_SEQS = 1024  # a draft model's KV pool is sized by it, so it must stay a sane number
+MAX_NEAREST_K = 1000  # nearest_tokens answers are cached; k bounds what one answer may hold
+MAX_SOURCE_CHARS = 4096  # a model source is a name or a path
+_SETTINGS = ("kv_memory", "block_size", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching")
 
 
 @dataclass
@@ -54,10 +61,11 @@ class Engine:
     def __init__(self, loaded: LoadedModel, model: Model, *, kv_memory: int = DEFAULT_KV_MEMORY,
                  block_size: int = 16, max_num_batched_tokens: int = 512, max_num_seqs: int = 16,
                  enable_prefix_caching: bool = True):
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive integer (got {block_size!r})")
-        if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be a positive integer (got {max_num_batched_tokens!r})")
+        settings = _check_settings(dict(kv_memory=kv_memory, block_size=block_size,
+                                        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                        enable_prefix_caching=enable_prefix_caching), model.device)
+        kv_memory, block_size, max_num_batched_tokens, max_num_seqs, enable_prefix_caching = (
+            settings[k] for k in _SETTINGS)
         self.loaded, self.model, self.spec = loaded, model, model.spec
         self.tokenizer = loaded.tokenizer
         self.model_id = loaded.model_id
@@ -66,8 +74,13 @@ class Engine:
         self.kv_bytes_per_token = kv_bytes_per_token(self.spec.num_layers, self.spec.num_kv_heads,
                                                      self.spec.head_dim, model.element_size)
         num_blocks = num_blocks_for_budget(kv_memory, block_size, self.kv_bytes_per_token)
-        self.kv = KVStorage(self.spec, num_blocks, block_size, model.dtype, model.device)
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, copy_block=self.kv.copy_block)
+        try:
+            self.kv = KVStorage(self.spec, num_blocks, block_size, model.dtype, model.device)
+        except (RuntimeError, MemoryError) as exc:  # the allocator's own message names no setting
+            raise ValueError(f"kv_memory of {kv_memory} bytes could not be allocated on {model.device} "
+                             f"({type(exc).__name__}: {str(exc)[:120]}); give the engine less kv_memory") from exc
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, copy_block=self.kv.copy_block,
+                                   preserve_block=kv_block_preserver(self.kv))
         self.scheduler = Scheduler(self.blocks, max_num_batched_tokens, max_num_seqs)
         self.max_model_len = model.max_model_len
         self.sequences: dict[int, Sequence] = {}
@@ -82,16 +95,26 @@ class Engine:
         self._nearest_cache: dict[tuple[int, int], tuple] = {}  # (token id, k) -> nearest_tokens' answer
         self._draft_models: dict = {}  # draft source -> (LoadedModel, Model); shared with sessions
         self._drafters: dict = {}  # drafters shared by this engine's requests (a draft model's owns a KV pool)
-        self._settings = dict(kv_memory=kv_memory, block_size=block_size,
-                              max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                              enable_prefix_caching=enable_prefix_caching)
+        self._settings = settings
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
     @compute.routed
     def from_pretrained(cls, source: str = "bundled", device: str = "cpu", dtype: torch.dtype | None = None,
                         progress: Callable[[float, str], None] | None = None, **kwargs) -> "Engine":
+        # everything is checked before the (seconds-long) load
+        source = as_text("source", source, MAX_SOURCE_CHARS)
         device = _check_device(device)
+        if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise (type_error if not isinstance(dtype, torch.dtype) else value_error)(
+                "dtype", "None, torch.float32, torch.bfloat16 or torch.float16", dtype)
+        if progress is not None and not callable(progress):
+            raise type_error("progress", "a callable or None", progress)
+        unknown = sorted(set(kwargs) - set(_SETTINGS))
+        if unknown:
+            raise TypeError(f"from_pretrained() got unknown setting(s) {', '.join(map(repr, unknown))}; "
+                            f"settings are {', '.join(_SETTINGS)}")
+        _check_settings(kwargs, torch.device(device))
         if dtype is None:
             # fp32 on CPU: bf16/fp16 matmuls there are many times slower, not faster.
             dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -107,6 +130,10 @@ class Engine:
     @compute.routed
     def session(self, **overrides) -> "Engine":
         """A new engine with its own KV pool and requests, sharing this one's weights (and loaded draft models)."""
+        unknown = sorted(set(overrides) - set(_SETTINGS))
+        if unknown:
+            raise TypeError(f"session() got unknown setting(s) {', '.join(map(repr, unknown))}; "
+                            f"settings are {', '.join(_SETTINGS)}")
         eng = Engine(self.loaded, self.model, **{**self._settings, **overrides})
         eng._draft_models = self._draft_models
         return eng
@@ -123,34 +150,41 @@ class Engine:
     # ---- requests -------------------------------------------------------------------------------
     def encode(self, prompt: str, chat: bool = True, system: str | None = None):
         """The prompt as the model sees it (template applied when chat), with special-token spans."""
-        if not isinstance(prompt, str) or not prompt.strip():
+        prompt = as_text("prompt", prompt, MAX_PROMPT_CHARS)
+        if not prompt.strip():
             raise ValueError("prompt must not be empty")
-        return render_prompt(self.tokenizer, prompt, chat=chat, system=system)
+        return render_prompt(self.tokenizer, prompt, chat=as_bool("chat", chat),
+                             system=as_text("system", system, MAX_SYSTEM_CHARS, optional=True))
 
     def add_request(self, prompt: str | None = None, params: SamplingParams | None = None, chat: bool = True,
                     system: str | None = None, prompt_ids: list[int] | None = None,
                     speculative: SpeculativeConfig | None = None) -> int:
-        params = params if params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError("params must be a SamplingParams")
+        return self._add(self._prepare(prompt, params, chat, system, prompt_ids, speculative))
+
+    def _prepare(self, prompt, params, chat, system, prompt_ids, speculative) -> tuple:
+        """Check a request's arguments (cheap checks first, then tokenizing, then a drafter that may load a
+        model) and return what `_add` needs; nothing in the engine changes."""
+        params = as_instance("params", params, SamplingParams, optional=True) or SamplingParams()
         params.validate()
-        drafter = None
+        chat = as_bool("chat", chat)
+        speculative = as_instance("speculative", speculative, SpeculativeConfig, optional=True)
         if speculative is not None:
-            if not isinstance(speculative, SpeculativeConfig):
-                raise ValueError("speculative must be a SpeculativeConfig")
             speculative.validate()
-            drafter = spec_mod.make_drafter(self, speculative)  # model-dependent checks: exit layer, tokenizer
         if prompt_ids is None:
             rendered = self.encode(prompt, chat=chat, system=system)
             prompt_ids, text = list(rendered.token_ids), rendered.text
         else:
-            prompt_ids, text = [int(t) for t in prompt_ids], prompt or ""
-            if not prompt_ids:
-                raise ValueError("prompt must not be empty")
-            bad = [t for t in prompt_ids if not 0 <= t < self.spec.vocab_size]
-            if bad:
-                raise ValueError(f"prompt_ids contains ids outside the vocabulary: {bad[:5]}")
+            text = as_text("prompt", prompt, MAX_PROMPT_CHARS, optional=True) or ""
+            as_text("system", system, MAX_SYSTEM_CHARS, optional=True)  # unused with prompt_ids, still checked
+            prompt_ids = as_token_ids("prompt_ids", prompt_ids, self.spec.vocab_size, self.max_model_len - 1)
         self._check_fits(len(prompt_ids), params)
+        drafter = None
+        if speculative is not None:
+            drafter = spec_mod.make_drafter(self, speculative)  # model-dependent checks: exit layer, tokenizer
+        return prompt_ids, text, params, speculative, drafter
+
+    def _add(self, prepared: tuple) -> int:
+        prompt_ids, text, params, speculative, drafter = prepared
         with self._lock:
             seq = Sequence(self._new_id(), prompt_ids, params, arrival=self.clock, prompt_text=text)
             if speculative is not None:
@@ -183,6 +217,7 @@ class Engine:
         self.sequences[seq.seq_id] = seq
 
     def abort(self, seq_id: int) -> None:
+        self._get(seq_id)  # checked before waiting for the lock
         with self._lock:
             seq = self._get(seq_id)
             if seq.status is not Status.FINISHED:
@@ -191,8 +226,7 @@ class Engine:
     def force_token(self, seq_id: int, token_id: int) -> None:
         """Make the next token sampled for this sequence `token_id` (its sampling chain is still shown)."""
         seq = self._get(seq_id)
-        if not isinstance(token_id, int) or not 0 <= token_id < self.spec.vocab_size:
-            raise ValueError(f"token_id must be in [0, {self.spec.vocab_size}) (got {token_id!r})")
+        token_id = as_int("token_id", token_id, 0, self.spec.vocab_size - 1)
         if seq.status is Status.FINISHED:
             raise ValueError(f"sequence {seq_id} has finished; rewind or branch it first")
         seq.forced_token = token_id
@@ -202,7 +236,7 @@ class Engine:
         """Drop generated tokens after the first `num_output_tokens`; their KV slots are released."""
         with self._lock:
             seq = self._get(seq_id)
-            self._check_position(seq, num_output_tokens)
+            num_output_tokens = self._check_position(seq, num_output_tokens)
             seq.output_ids = seq.output_ids[:num_output_tokens]
             seq.forced_token = None
             seq.finish_reason = None
@@ -225,8 +259,8 @@ class Engine:
         """A new sequence that shares the first `num_output_tokens` outputs (and their KV blocks)."""
         with self._lock:
             parent = self._get(seq_id)
-            self._check_position(parent, num_output_tokens)
-            params = params or parent.params
+            num_output_tokens = self._check_position(parent, num_output_tokens)
+            params = as_instance("params", params, SamplingParams, optional=True) or parent.params
             params.validate()
             child = Sequence(self._new_id(), list(parent.prompt_ids), params, arrival=self.clock,
                              output_ids=parent.output_ids[:num_output_tokens], prompt_text=parent.prompt_text,
@@ -245,13 +279,14 @@ class Engine:
                 self.scheduler.add(child)
             return child.seq_id
 
-    def _check_position(self, seq: Sequence, n: int) -> None:
-        if not isinstance(n, int) or not 0 <= n <= len(seq.output_ids):
-            raise ValueError(f"position must be between 0 and {len(seq.output_ids)} (got {n!r})")
+    def _check_position(self, seq: Sequence, n: int) -> int:
+        """num_output_tokens: a position in the sequence's output, 0 (keep none) .. all of it."""
+        return as_int("num_output_tokens", n, 0, len(seq.output_ids))
 
     def _get(self, seq_id: int) -> Sequence:
+        seq_id = as_int("seq_id", seq_id)  # 1.0 or True would otherwise find sequence 1
         if seq_id not in self.sequences:
-            raise ValueError(f"unknown sequence id {seq_id!r}")
+            raise ValueError(f"seq_id {seq_id!r} is not a sequence of this engine")
         return self.sequences[seq_id]
 
     def has_unfinished(self) -> bool:
@@ -263,7 +298,8 @@ class Engine:
 
         Uses the logits and the random draw u of that step, so only the parameters differ.
         """
-        params.validate()
+        as_instance("params", params, SamplingParams).validate()
+        top_n = as_int("top_n", top_n, 0, MAX_TOP_N)
         seq = self._get(seq_id)
         cached = seq.last_sampling
         if cached is None and seq.spec is not None and seq.spec.proposed:
@@ -279,8 +315,8 @@ class Engine:
     @compute.routed
     def nearest_tokens(self, token_id: int, k: int = 10) -> list[tuple[int, str, float]]:
         """The k vocabulary entries whose input embeddings are closest (cosine) to `token_id`'s."""
-        if not isinstance(token_id, int) or not 0 <= token_id < self.spec.vocab_size:
-            raise ValueError(f"token_id must be in [0, {self.spec.vocab_size}) (got {token_id!r})")
+        token_id = as_int("token_id", token_id, 0, self.spec.vocab_size - 1)
+        k = as_int("k", k, 1, min(MAX_NEAREST_K, self.spec.vocab_size - 1))
         # a pass over the whole vocabulary, asked for again on every step the lab shows the same token: cached
         # (the weights never change; the dict is bounded)
         hit = self._nearest_cache.get((token_id, k))
@@ -306,19 +342,56 @@ class Engine:
         return out
 
     def token_text(self, token_id: int) -> str:
-        return token_bytes(self.tokenizer, int(token_id)).decode("utf-8", errors="replace")
+        if type(token_id) is not int or not 0 <= token_id < self.spec.vocab_size:  # hot path: plain ints pass
+            token_id = as_int("token_id", token_id, 0, self.spec.vocab_size - 1)
+        return token_bytes(self.tokenizer, token_id).decode("utf-8", errors="replace")
 
     # ---- the step ---------------------------------------------------------------------------------
     def step(self, trace: bool = True) -> StepEvent:
-        """One scheduler step. `trace` keeps the sampling chain of every sampled token in the event."""
-        return self._locked_step(trace, self.instrument)
+        """One scheduler step. `trace` keeps the sampling chain of every sampled token in the event.
+
+        Atomic: if anything in it raises, the engine is put back exactly as before the step and StepFailed
+        (chaining the cause) says so."""
+        return self._locked_step(as_bool("trace", trace), self.instrument)
 
     @compute.routed
     def _locked_step(self, trace: bool, capture: Capture | None) -> StepEvent:
         # tensor work runs on the one compute thread (engine/compute.py), and the engine's lock is taken there
         # too: a caller holding it while waiting for the compute thread could deadlock with a routed rewind
         with self._lock:
-            return self._step(trace=trace, capture=capture)
+            ck = self._checkpoint()
+            try:
+                event = self._step(trace=trace, capture=capture)
+            except BaseException as exc:
+                self._restore(ck)
+                if not isinstance(exc, Exception):  # KeyboardInterrupt and the like: undone, and passed on as is
+                    raise
+                raise StepFailed(f"step {self.step_index} failed and was undone (nothing changed): "
+                                 f"{type(exc).__name__}: {exc}") from exc
+            self._commit()
+            return event
+
+    # A failed step must not leave a sequence half-advanced (its computed-token count moved past K/V that its
+    # sampling never used, say): every later step would then fail too. So each step starts with a checkpoint
+    # of all the state it can change and a failure restores it. Copies are cheap (tens of microseconds for a
+    # few hundred blocks and sequences); KV data needs no copy except for blocks whose contents were live at
+    # the checkpoint and are handed out again within the step (see BlockManager), and prefix hashes of the
+    # step's blocks are registered near its end, inside the checkpoint as well.
+    def _checkpoint(self) -> tuple:
+        drafters = [(d, d.checkpoint()) for d in self._drafters.values()]
+        return (self.blocks.checkpoint(), self.scheduler.checkpoint(), drafters, self.step_index, self.clock)
+
+    def _restore(self, ck: tuple) -> None:
+        blocks, sched, drafters, self.step_index, self.clock = ck
+        self.blocks.restore(blocks)
+        self.scheduler.restore(sched)
+        for d, state in drafters:
+            d.restore(state)
+
+    def _commit(self) -> None:
+        self.blocks.commit()
+        for d in self._drafters.values():
+            d.commit()
 
     def _step(self, trace: bool, capture: Capture | None) -> StepEvent:
         t0 = time.perf_counter()
@@ -609,6 +682,7 @@ class Engine:
         return CaptureData(
             positions=list(range(inp.start_pos, inp.start_pos + len(inp.token_ids))),
             attention=cap.attention, attention_heads=capture.attention_heads,
+            attention_positions=cap.attention_positions, attention_budget=capture.max_attention_bytes,
             lens_positions=cap.lens_positions, lens_ids=cap.lens_ids, lens_tokens=lens_tokens,
             lens_probs=cap.lens_probs, residual_norms=cap.residual_norms, embeddings=cap.embeddings)
 
@@ -653,7 +727,12 @@ class Engine:
 
     def stream(self, prompt: str, params: SamplingParams | None = None, chat: bool = True,
                system: str | None = None, speculative: SpeculativeConfig | None = None) -> Iterator[str]:
-        rid = self.add_request(prompt, params, chat=chat, system=system, speculative=speculative)
+        # checked now, not at the first next(): a generator function would defer every refusal
+        prepared = self._prepare(prompt, params, chat, system, None, speculative)
+        return self._stream(prepared)
+
+    def _stream(self, prepared: tuple) -> Iterator[str]:
+        rid = self._add(prepared)  # at the first next(): a stream never iterated leaves no request behind
         for ev in self._drive(rid):
             if ev.emitted:
                 yield ev.emitted
@@ -683,6 +762,7 @@ class Engine:
             speculative=None if seq.spec is None else seq.spec.stats(n))
 
     def run_until_done(self, trace: bool = False) -> list[StepEvent]:
+        trace = as_bool("trace", trace)
         events = []
         while self.has_unfinished():
             events.append(self._locked_step(trace, self.instrument))
@@ -695,7 +775,47 @@ def _slots(table: list[int], block_size: int, length: int) -> torch.Tensor:
     return slots[:length]
 
 
+def _check_settings(settings: dict, device: torch.device) -> dict:
+    """The engine settings given, type- and range-checked, as plain Python values (missing ones untouched)."""
+    out = dict(settings)
+    if "kv_memory" in out:
+        kv = as_int("kv_memory", out["kv_memory"], 1)
+        total = _device_memory(device)
+        if total is not None and kv > total:
+            raise ValueError(f"kv_memory must be at most this machine's {device.type} memory of {total} bytes "
+                             f"(got {kv})")
+        out["kv_memory"] = kv
+    if "block_size" in out:
+        out["block_size"] = as_int("block_size", out["block_size"], 1, MAX_BLOCK_SIZE)
+    if "max_num_batched_tokens" in out:
+        out["max_num_batched_tokens"] = as_int("max_num_batched_tokens", out["max_num_batched_tokens"], 1)
+    if "max_num_seqs" in out:
+        out["max_num_seqs"] = as_int("max_num_seqs", out["max_num_seqs"], 1, MAX_NUM_SEQS)
+    if "enable_prefix_caching" in out:
+        out["enable_prefix_caching"] = as_bool("enable_prefix_caching", out["enable_prefix_caching"])
+    return out
+
+
+def _device_memory(device: torch.device) -> int | None:
+    """Total memory of the device the KV pool goes to, in bytes (None: unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _check_device(device: str) -> str:
+    if not isinstance(device, (str, torch.device)):
+        raise type_error("device", "a str such as 'cpu' or 'cuda'", device)
     device = str(device)
     if device == "cpu":
         return device

@@ -33,6 +33,8 @@ from typing import Callable, Sequence
 
 __all__ = [
     "NoFreeBlocksError",
+    "BlockCheckpoint",
+    "kv_block_preserver",
     "kv_bytes_per_token",
     "num_blocks_for_budget",
     "hash_block",
@@ -85,11 +87,61 @@ def hash_block(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
     return h.digest()
 
 
+class BlockCheckpoint:
+    """Everything ``BlockManager.restore`` needs to put the manager back as it was at ``checkpoint()``.
+
+    ``undo`` holds, for blocks whose KV data was worth keeping at checkpoint time but which were handed out
+    again since (an evicted cached block, a preempted sequence's block), closures that write the old data back.
+    """
+
+    __slots__ = ("block_tables", "seq_lens", "refcounts", "free", "evictable", "hash_to_block", "block_hash",
+                 "seq_hashes", "counters", "undo", "preserved")
+
+    def __init__(self, bm: "BlockManager") -> None:
+        # Plain copies: a pool of a few thousand blocks copies in tens of microseconds, cheaper and simpler
+        # than an undo log threaded through every mutation.
+        self.block_tables = {s: list(t) for s, t in bm.block_tables.items()}
+        self.seq_lens = dict(bm.seq_lens)
+        self.refcounts = list(bm._refcounts)
+        self.free = deque(bm._free)
+        self.evictable = OrderedDict(bm._evictable)
+        self.hash_to_block = dict(bm._hash_to_block)
+        self.block_hash = list(bm._block_hash)
+        self.seq_hashes = {s: list(h) for s, h in bm._seq_hashes.items()}
+        self.counters = (bm._prefix_query_tokens, bm._prefix_hit_tokens, bm._evictions, bm._cow_copies)
+        self.undo: list[Callable[[], None]] = []
+        self.preserved: set[int] = set()
+
+
+def kv_block_preserver(kv) -> Callable[[int], Callable[[], None]]:
+    """A ``preserve_block`` hook for a KV store with ``k``/``v`` tensors of [layers, slots, ...] rows and a
+    ``block_size``: copies one block's rows aside and returns the closure that writes them back."""
+    bs = kv.block_size
+
+    def preserve(block: int) -> Callable[[], None]:
+        rows = slice(block * bs, (block + 1) * bs)
+        k, v = kv.k[:, rows].clone(), kv.v[:, rows].clone()
+
+        def undo() -> None:
+            kv.k[:, rows] = k
+            kv.v[:, rows] = v
+
+        return undo
+
+    return preserve
+
+
 class BlockManager:
     """Allocates, shares, caches and evicts KV blocks for sequences.
 
     ``copy_block(src, dst)`` is called whenever copy-on-write needs the KV data of physical block
     ``src`` duplicated into ``dst``; it must copy synchronously (``src`` may be reused afterwards).
+
+    ``checkpoint()`` / ``restore()`` undo everything done in between (the engine wraps every step in them).
+    The KV data needs no undo for blocks that were free at the checkpoint: whatever was written into them
+    belongs to blocks the restore gives back. A block that held data worth keeping (cached, or owned by a
+    sequence) and is handed out again before the restore would come back overwritten, so ``preserve_block(b)``
+    (when given) is called as it is taken and returns a closure that ``restore`` runs to write the data back.
     """
 
     def __init__(
@@ -98,6 +150,7 @@ class BlockManager:
         block_size: int = 16,
         enable_prefix_caching: bool = True,
         copy_block: Callable[[int, int], None] | None = None,
+        preserve_block: Callable[[int], Callable[[], None]] | None = None,
     ) -> None:
         if num_blocks < 1:
             raise ValueError("num_blocks must be >= 1")
@@ -107,6 +160,8 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.copy_block = copy_block
+        self.preserve_block = preserve_block
+        self._open: BlockCheckpoint | None = None  # the checkpoint taken blocks are preserved for
 
         self.block_tables: dict[int, list[int]] = {}
         self.seq_lens: dict[int, int] = {}
@@ -215,6 +270,12 @@ class BlockManager:
             self._evictions += 1
         else:  # callers check capacity first; reaching this is a bookkeeping bug
             raise NoFreeBlocksError("KV cache pool exhausted")
+        ck = self._open
+        if ck is not None and block not in ck.preserved and (ck.refcounts[block] or ck.block_hash[block] is not None):
+            # its data was live at the checkpoint and the new owner is about to overwrite it
+            ck.preserved.add(block)
+            if self.preserve_block is not None:
+                ck.undo.append(self.preserve_block(block))
         self._refcounts[block] = 1
         return block
 
@@ -402,6 +463,32 @@ class BlockManager:
         del self.block_tables[seq_id]
         del self.seq_lens[seq_id]
         del self._seq_hashes[seq_id]
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint(self) -> BlockCheckpoint:
+        """Remember the whole state; blocks taken from now on are preserved (see the class docstring)."""
+        self._open = BlockCheckpoint(self)
+        return self._open
+
+    def commit(self) -> None:
+        """The work since the checkpoint stands: stop preserving."""
+        self._open = None
+
+    def restore(self, ck: BlockCheckpoint) -> None:
+        """Put everything back as it was at ``checkpoint()``, KV data of re-used live blocks included."""
+        for undo in reversed(ck.undo):
+            undo()
+        self.block_tables = {s: list(t) for s, t in ck.block_tables.items()}
+        self.seq_lens = dict(ck.seq_lens)
+        self._refcounts = list(ck.refcounts)
+        self._free = deque(ck.free)
+        self._evictable = OrderedDict(ck.evictable)
+        self._hash_to_block = dict(ck.hash_to_block)
+        self._block_hash = list(ck.block_hash)
+        self._seq_hashes = {s: list(h) for s, h in ck.seq_hashes.items()}
+        (self._prefix_query_tokens, self._prefix_hit_tokens, self._evictions, self._cow_copies) = ck.counters
+        self._open = None
 
     # ------------------------------------------------------------------ introspection
 

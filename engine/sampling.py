@@ -20,7 +20,10 @@ import numbers
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from .checks import as_int, check_unicode, type_error, value_error
 
 STAGE_NAMES = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
 
@@ -43,17 +46,41 @@ _INT_FIELDS = ("max_tokens", "top_k")
 
 def _is_int(v) -> bool:
     # bool is an int subclass, but True as a count is always a mistake. numpy ints count as ints.
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
 
 
 def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
+# Temperatures below this are greedy (vLLM uses the same epsilon): 1/t of a smaller one is beyond float32's
+# range (1e-300 becomes 0 in float32 and the chain divides by zero), and the distribution is one-hot anyway.
+GREEDY_TEMPERATURE = 1e-5
+# The largest temperature accepted: far past "uniform over the vocabulary" already, and far from float32's limit.
+MAX_TEMPERATURE = 1e3
+# Penalty bounds: much wider than any useful setting (vLLM allows [-2, 2] for frequency/presence), narrow enough
+# that the chain's float32 arithmetic stays meaningful.
+MAX_PENALTY = 1e4
+MIN_REPETITION_PENALTY = 1e-4
+MAX_STOP_STRINGS = 16  # each stop string is searched for after every token: the count and length are capped
+MAX_STOP_CHARS = 256
+MAX_TOP_N = 1000  # tokens a trace follows through every stage; more is unreadable and costs per stage
+
+_RANGES = {  # name: (low, high, low inclusive, rule)
+    "temperature": (0.0, MAX_TEMPERATURE, True, f"in [0, {MAX_TEMPERATURE:g}] (below {GREEDY_TEMPERATURE:g}: greedy)"),
+    "top_p": (0.0, 1.0, False, "in (0, 1]"),
+    "min_p": (0.0, 1.0, True, "in [0, 1]"),
+    "repetition_penalty": (MIN_REPETITION_PENALTY, MAX_PENALTY, True,
+                           f"in [{MIN_REPETITION_PENALTY:g}, {MAX_PENALTY:g}] (1 = off)"),
+    "frequency_penalty": (-MAX_PENALTY, MAX_PENALTY, True, f"in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]"),
+    "presence_penalty": (-MAX_PENALTY, MAX_PENALTY, True, f"in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]"),
+}
 
 
 @dataclass
 class SamplingParams:
     max_tokens: int = 64
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (or anything below GREEDY_TEMPERATURE) means greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # in (0, 1]
     min_p: float = 0.0  # in [0, 1]
@@ -78,54 +105,63 @@ class SamplingParams:
                 setattr(self, name, float(v))
         if _is_int(self.seed):
             self.seed = int(self.seed)
+        if isinstance(self.ignore_eos, np.bool_):
+            self.ignore_eos = bool(self.ignore_eos)
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
-        elif isinstance(self.stop, (list, tuple)):
+        elif isinstance(self.stop, (list, tuple)) and len(self.stop) <= MAX_STOP_STRINGS:
             self.stop = tuple(self.stop)
         self.validate()
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_TEMPERATURE
 
     def validate(self) -> None:
-        """Raise ValueError (message starts with the field name) if any field is out of range."""
+        """Raise ValueError (a bad value) or ArgumentTypeError (a bad type, also a ValueError) whose message
+        starts with the field name, if any field is out of range."""
         for name in _INT_FIELDS:
             v = getattr(self, name)
             if not _is_int(v):
-                raise ValueError(f"{name} must be an integer (got {v!r})")
+                raise type_error(name, "an integer", v)
         for name in _FLOAT_FIELDS:
             v = getattr(self, name)
             if not _is_real(v):
-                raise ValueError(f"{name} must be a number (got {v!r})")
+                raise type_error(name, "a number", v)
             if not math.isfinite(v):
-                raise ValueError(f"{name} must be finite (got {v!r})")
+                raise value_error(name, "finite", v)
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1 (got {self.max_tokens!r})")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (got {self.temperature!r})")
+            raise value_error("max_tokens", ">= 1", self.max_tokens)
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (got {self.top_k!r})")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (got {self.top_p!r})")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1] (got {self.min_p!r})")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0 (got {self.repetition_penalty!r})")
+            raise value_error("top_k", ">= 0 (0 = off)", self.top_k)
+        for name, (lo, hi, lo_in, rule) in _RANGES.items():
+            v = getattr(self, name)
+            if not ((lo <= v if lo_in else lo < v) and v <= hi):
+                raise value_error(name, rule, v)
         if self.seed is not None:
             if not _is_int(self.seed):
-                raise ValueError(f"seed must be an integer or None (got {self.seed!r})")
+                raise type_error("seed", "an integer or None", self.seed)
             if not _SEED_MIN <= self.seed <= _SEED_MAX:
-                raise ValueError(f"seed must be in [{_SEED_MIN}, {_SEED_MAX}] (got {self.seed!r})")
+                raise value_error("seed", f"in [{_SEED_MIN}, {_SEED_MAX}]", self.seed)
+        self._validate_stop()
+        if not isinstance(self.ignore_eos, bool):
+            raise type_error("ignore_eos", "a bool", self.ignore_eos)
+
+    def _validate_stop(self) -> None:
         if not isinstance(self.stop, tuple):
-            raise ValueError(f"stop must be a string or a list of strings (got {self.stop!r})")
+            if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_STRINGS:
+                raise value_error("stop", f"at most {MAX_STOP_STRINGS} strings", self.stop)
+            raise type_error("stop", "a string or a list of strings", self.stop)
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise value_error("stop", f"at most {MAX_STOP_STRINGS} strings", self.stop)
         for s in self.stop:
             if not isinstance(s, str):
-                raise ValueError(f"stop must contain only strings (got {s!r})")
+                raise type_error("stop", "a list of strings only", s)
             if s == "":
                 raise ValueError("stop must not contain empty strings")
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool (got {self.ignore_eos!r})")
+            if len(s) > MAX_STOP_CHARS:
+                raise value_error("stop", f"strings of at most {MAX_STOP_CHARS} characters each", s)
+            check_unicode("stop", s)
 
     def to_dict(self) -> dict:
         return {
@@ -145,6 +181,8 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, data: dict) -> "SamplingParams":
         """Build from a (JSON) dict; unknown keys are an error so a typo is not silently ignored."""
+        if not isinstance(data, dict):
+            raise type_error("data", "a dict of sampling parameters", data)
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(data) - known)
         if unknown:
@@ -284,9 +322,14 @@ def _as_logits(logits) -> torch.Tensor:
 
 def _as_ids(ids, vocab: int, what: str) -> list[int]:
     if isinstance(ids, torch.Tensor):
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise type_error(what, "token ids (integers)", ids)
         out = ids.reshape(-1).tolist()
+    elif isinstance(ids, (str, bytes, dict, set)):
+        raise type_error(what, "a list of token ids (ints)", ids)
     else:
-        out = [int(t) for t in ids]
+        # plain ints pass as they are; anything else must be an integer type (numpy ints yes, 1.0 or True no)
+        out = [t if type(t) is int else as_int(what, t) for t in ids]
     if out and (min(out) < 0 or max(out) >= vocab):
         raise ValueError(f"{what} contains a token id outside [0, {vocab})")
     return out
@@ -356,7 +399,7 @@ def _run_chain(x: torch.Tensor, params: SamplingParams, prompt: list[int], outpu
     rec("penalties", st, _penalties_active(params))
 
     t = params.temperature
-    if t == 0:
+    if params.greedy:
         # Greedy: one-hot at the argmax of the penalised logits; the later cuts cannot change it.
         a = int(torch.argmax(x))
         st = _State(torch.tensor([a], dtype=torch.long), x[a : a + 1].clone(), True)
@@ -441,7 +484,7 @@ def _draw(st: _State, u: float) -> _Draw:
 
 def _check_params(params) -> None:
     if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be a SamplingParams (got {type(params).__name__})")
+        raise type_error("params", "a SamplingParams", params)
     params.validate()  # cheap, and catches fields changed after construction
 
 
@@ -482,7 +525,7 @@ def sample(
     """Draw one token. Consumes exactly one uniform number from `generator` (also when greedy), so a
     seeded request reproduces whatever its params are."""
     if trace:
-        _check_top_n(top_n)  # before the generator is touched: a bad call must not consume u
+        top_n = _check_top_n(top_n)  # before the generator is touched: a bad call must not consume u
     x, prompt, output = _prepare(logits, params, prompt_ids, output_ids)
     record = [] if trace else None
     st = _run_chain(x, params, prompt, output, record)
@@ -495,9 +538,11 @@ def sample(
 
 def trace_chain(logits, params: SamplingParams, prompt_ids, output_ids, u: float, top_n: int = 20) -> SamplingTrace:
     """Recompute the whole chain from cached logits with a given u ("what-if" for the UI)."""
-    if not _is_real(u) or not 0.0 <= float(u) < 1.0:
-        raise ValueError(f"u must be in [0, 1) (got {u!r})")
-    _check_top_n(top_n)
+    if not _is_real(u):
+        raise type_error("u", "a number in [0, 1)", u)
+    if not 0.0 <= float(u) < 1.0:
+        raise value_error("u", "in [0, 1)", u)
+    top_n = _check_top_n(top_n)
     x, prompt, output = _prepare(logits, params, prompt_ids, output_ids)
     record: list = []
     st = _run_chain(x, params, prompt, output, record)
@@ -517,9 +562,8 @@ def _full(st: _State, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return fv, fp
 
 
-def _check_top_n(top_n) -> None:
-    if not _is_int(top_n) or top_n < 0:
-        raise ValueError(f"top_n must be an integer >= 0 (got {top_n!r})")
+def _check_top_n(top_n) -> int:
+    return as_int("top_n", top_n, 0, MAX_TOP_N)
 
 
 def _build_trace(record, d: _Draw, params: SamplingParams, u: float, top_n: int) -> SamplingTrace:
@@ -592,6 +636,13 @@ def _build_trace(record, d: _Draw, params: SamplingParams, u: float, top_n: int)
 
 __all__ = [
     "STAGE_NAMES",
+    "GREEDY_TEMPERATURE",
+    "MAX_TEMPERATURE",
+    "MAX_PENALTY",
+    "MIN_REPETITION_PENALTY",
+    "MAX_STOP_STRINGS",
+    "MAX_STOP_CHARS",
+    "MAX_TOP_N",
     "SamplingParams",
     "SamplingTrace",
     "StageSnapshot",

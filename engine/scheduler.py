@@ -62,6 +62,29 @@ class Sequence:
         """What a naive allocator would reserve up front: the prompt plus every token it may generate."""
         return len(self.prompt_ids) + self.params.max_tokens
 
+    def snapshot(self) -> tuple:
+        """What one engine step may change, for `restore`. A step only appends to output_ids and token_times,
+        so the list objects and their lengths stand for them (no copy of a long output on every step)."""
+        return (self.output_ids, len(self.output_ids), self.token_times, len(self.token_times), self.status,
+                self.num_computed, self.num_cached_tokens, self.finish_reason,
+                None if self.generator is None else self.generator.get_state(),
+                None if self.detok is None else self.detok.snapshot(),
+                self.forced_token, self.first_token_time, self.last_token_time, self.preemptions,
+                self.last_sampling, None if self.spec is None else self.spec.snapshot(), self.spec_k)
+
+    def restore(self, snap: tuple) -> None:
+        (self.output_ids, n_out, self.token_times, n_times, self.status, self.num_computed, self.num_cached_tokens,
+         self.finish_reason, gen_state, detok_state, self.forced_token, self.first_token_time, self.last_token_time,
+         self.preemptions, self.last_sampling, spec_state, self.spec_k) = snap
+        del self.output_ids[n_out:]
+        del self.token_times[n_times:]
+        if gen_state is not None:
+            self.generator.set_state(gen_state)
+        if detok_state is not None:
+            self.detok.restore(detok_state)
+        if spec_state is not None:
+            self.spec.restore(spec_state)
+
 
 @dataclass
 class ScheduledSeq:
@@ -93,6 +116,17 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+
+    def checkpoint(self) -> tuple:
+        """The queues and every queued sequence's state (a step touches no other sequence)."""
+        seqs = [(s, s.snapshot()) for s in (*self.waiting, *self.running)]
+        return list(self.waiting), list(self.running), self.num_preemptions, seqs
+
+    def restore(self, ck: tuple) -> None:
+        waiting, running, self.num_preemptions, seqs = ck
+        self.waiting, self.running = deque(waiting), list(running)
+        for seq, snap in seqs:
+            seq.restore(snap)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

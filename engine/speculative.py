@@ -22,10 +22,11 @@ Everything random goes through the request's own generator, so a seeded request 
 """
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from collections import Counter, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -33,11 +34,14 @@ import numpy as np
 import torch
 
 from . import metrics
-from .kv_cache import BlockManager
+from .checks import as_bool, as_int, as_text, short_repr, type_error
+from .kv_cache import BlockManager, kv_block_preserver
 from .model import KVStorage, Model, ModelSpec, SeqInput
 from .sampling import SamplingParams, sampling_probs
 
 METHODS = ("ngram", "early_exit", "draft")
+MAX_NGRAM = 32  # the longest n-gram prompt lookup may search for
+MAX_SOURCE_CHARS = 4096  # a model source is a name or a path
 MAX_NUM_TOKENS = 32  # beyond this the verify forward stops being "one cheap pass" on any machine we target
 TOP_N = 8  # tokens per position kept in traced events for the p-vs-q bars
 ADAPTIVE_WINDOW = 8  # rounds of recent acceptance the adaptive k looks at
@@ -63,27 +67,32 @@ class SpeculativeConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError for settings that cannot work whatever the model (model-dependent checks: add_request)."""
+        """Raise ValueError (ArgumentTypeError for a wrong type) for settings that cannot work whatever the model
+        (model-dependent checks: add_request). Normalises numpy integers to int."""
+        if not isinstance(self.method, str):
+            raise type_error("method", f"one of {', '.join(METHODS)}", self.method)
         if self.method not in METHODS:
-            raise ValueError(f"unknown speculative method {self.method!r}; choose one of {', '.join(METHODS)}")
-        k = self.num_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_NUM_TOKENS:
-            raise ValueError(f"num_tokens (k) must be an integer between 1 and {MAX_NUM_TOKENS} (got {k!r})")
+            raise ValueError(f"unknown speculative method {short_repr(self.method)}; choose one of {', '.join(METHODS)}")
+        self.num_tokens = as_int("num_tokens (k)", self.num_tokens, 1, MAX_NUM_TOKENS)
         if self.exit_layer is not None:
             if self.method != "early_exit":
                 raise ValueError("exit_layer applies to method 'early_exit' only")
-            if not isinstance(self.exit_layer, int) or isinstance(self.exit_layer, bool) or self.exit_layer < 1:
-                raise ValueError(f"exit_layer must be a positive integer (got {self.exit_layer!r})")
-        if self.method == "draft" and self.draft_model is None:
+            self.exit_layer = as_int("exit_layer", self.exit_layer, 1)
+        src = self.draft_model
+        if self.method == "draft" and src is None:
             raise ValueError("method 'draft' needs draft_model: a model source or an Engine")
-        if self.method != "draft" and self.draft_model is not None:
+        if self.method != "draft" and src is not None:
             raise ValueError("draft_model applies to method 'draft' only")
-        if not isinstance(self.adaptive, bool):
-            raise ValueError(f"adaptive must be a bool (got {self.adaptive!r})")
-        for name in ("ngram_min", "ngram_max"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive integer (got {v!r})")
+        if isinstance(src, str):
+            as_text("draft_model", src, MAX_SOURCE_CHARS)
+            if not src.strip():
+                raise ValueError("draft_model must not be empty")
+        elif src is not None and not (hasattr(src, "loaded") and hasattr(src, "model")):
+            raise type_error("draft_model", "a model source (str) or an Engine", src)
+        self.adaptive = as_bool("adaptive", self.adaptive)
+        # prompt lookup compares every window of each length from ngram_max down: the lengths are capped
+        self.ngram_min = as_int("ngram_min", self.ngram_min, 1, MAX_NGRAM)
+        self.ngram_max = as_int("ngram_max", self.ngram_max, 1, MAX_NGRAM)
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
 
@@ -274,6 +283,15 @@ class NgramDrafter:
     def forget(self, seq_id: int, keep_tokens: int | None = None) -> None:
         pass
 
+    def checkpoint(self) -> None:  # stateless: nothing to undo after a failed step
+        return None
+
+    def restore(self, state: None) -> None:
+        pass
+
+    def commit(self) -> None:
+        pass
+
 
 def _draft_token(logits: torch.Tensor, req: DraftRequest, drafted: list[int]) -> tuple[int, torch.Tensor]:
     """Draw the next draft from the drafter's distribution after the SAME sampling chain as the target's.
@@ -354,6 +372,17 @@ class EarlyExitDrafter(_ModelDrafter):
     def forget(self, seq_id: int, keep_tokens: int | None = None) -> None:
         pass
 
+    # stateless: the rows it writes lie in the target's slots reserved for drafts, which the engine's own
+    # checkpoint of the target pool covers
+    def checkpoint(self) -> None:
+        return None
+
+    def restore(self, state: None) -> None:
+        pass
+
+    def commit(self) -> None:
+        pass
+
 
 class DraftModelDrafter(_ModelDrafter):
     """A separate (smaller) model with the target's tokenizer and a paged KV pool of its own.
@@ -365,7 +394,8 @@ class DraftModelDrafter(_ModelDrafter):
     def __init__(self, model: Model, model_id: str, num_blocks: int, block_size: int):
         self.model, self.model_id = model, model_id
         self.kv = KVStorage(model.spec, num_blocks, block_size, model.dtype, model.device)
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False,
+                                   preserve_block=kv_block_preserver(self.kv))
         self.block_size = block_size
         self.computed: dict[int, int] = {}  # seq_id -> tokens whose draft K/V are valid
 
@@ -392,6 +422,17 @@ class DraftModelDrafter(_ModelDrafter):
         done = min(self.computed[sid], T - 1)
         self.computed[sid] = T  # the pending token goes in now; drafts are confirmed in after_round
         return list(req.token_ids[done:]), done, slots
+
+    def checkpoint(self) -> tuple:
+        """Its pool and per-sequence progress, for `restore` after a failed engine step."""
+        return self.blocks.checkpoint(), dict(self.computed)
+
+    def restore(self, state: tuple) -> None:
+        self.blocks.restore(state[0])
+        self.computed = dict(state[1])
+
+    def commit(self) -> None:
+        self.blocks.commit()
 
     def after_round(self, seq_id: int, num_tokens_before: int, num_kept_drafts: int, draft: Draft) -> None:
         if seq_id not in self.computed:
@@ -541,6 +582,14 @@ class SpecState:
         if verify_s > 0:
             r = (draft.seconds / n) / verify_s
             self.cost_ratio = r if self.cost_ratio is None else 0.7 * self.cost_ratio + 0.3 * r
+
+    def snapshot(self) -> dict:
+        """Every statistic a round may change, for `restore` (config and drafter are not round state)."""
+        return {f.name: copy.copy(getattr(self, f.name)) for f in fields(self) if f.name not in ("config", "drafter")}
+
+    def restore(self, snap: dict) -> None:
+        for name, value in snap.items():
+            setattr(self, name, copy.copy(value))
 
     def recent_alpha(self) -> float:
         tested = sum(t for t, _ in self.recent)

@@ -21,7 +21,12 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, Sequence
 
+from .checks import as_bool, as_int, as_text, type_error
+
 __all__ = [
+    "MAX_PROMPT_CHARS",
+    "MAX_SYSTEM_CHARS",
+    "MAX_BPE_CHARS",
     "token_bytes",
     "is_byte_fallback",
     "token_info",
@@ -41,6 +46,16 @@ _REPLACEMENT = "\ufffd"
 _SEED_IDS = 5
 # The window buffer is compacted once this many ids lie before the prefix offset.
 _COMPACT_AT = 64
+# Text limits checked before any tokenizer work (a prompt this long is far beyond every model's context anyway;
+# tokenizing a multi-megabyte string only to refuse it would cost seconds of a shared server).
+MAX_PROMPT_CHARS = 200_000
+MAX_SYSTEM_CHARS = 200_000
+# The BPE merge trace is a teaching view of one word; its cost grows quadratically with the word's length
+# (every step records every symbol), so words are capped at this many characters.
+MAX_BPE_CHARS = 64
+# token_info accepts ids past the tokenizer's table (models pad their embeddings; such ids decode to nothing),
+# but not absurd ones.
+MAX_TOKEN_ID = 2**31 - 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -192,7 +207,9 @@ def _table(tok: Any) -> _Table:
 def token_bytes(tok: Any, token_id: int) -> bytes:
     """The UTF-8 bytes token `token_id` contributes to decoded text (context-free: a SentencePiece
     "▁Hello" gives b" Hello" even though decode strips the space of a sequence's first token)."""
-    return _table(tok).token_bytes(int(token_id))
+    if type(token_id) is not int or token_id < 0:  # the per-token hot path skips the full check
+        token_id = as_int("token_id", token_id, 0, MAX_TOKEN_ID)
+    return _table(tok).token_bytes(token_id)
 
 
 def is_byte_fallback(tok: Any, token_id: int) -> bool:
@@ -214,10 +231,12 @@ def _is_utf8(data: bytes) -> bool:
 
 def token_info(tok: Any, ids: Sequence[int]) -> list[dict]:
     """One display record per id: id, piece, text, bytes_hex, special, byte_fallback, partial_utf8."""
+    if isinstance(ids, (str, bytes, dict, set)) or not hasattr(ids, "__iter__"):
+        raise type_error("ids", "a list of token ids (ints)", ids)
     table = _table(tok)
     out = []
-    for raw in ids:
-        i = int(raw)
+    for n, raw in enumerate(ids):
+        i = raw if type(raw) is int and raw >= 0 else as_int(f"ids[{n}]", raw, 0, MAX_TOKEN_ID)
         data = table.token_bytes(i)
         out.append(
             {
@@ -293,7 +312,11 @@ def render_prompt(tok: Any, prompt: str, chat: bool = True, system: str | None =
     explicit empty system message. The rendered text is tokenized with add_special_tokens=False,
     as apply_chat_template(tokenize=True) does, because templates write their own BOS.
     chat=False tokenizes `prompt` as a plain completion prompt (the tokenizer adds BOS if it
-    normally does; SmolLM adds none)."""
+    normally does; SmolLM adds none). Prompts longer than MAX_PROMPT_CHARS (system prompts: MAX_SYSTEM_CHARS)
+    are refused before any tokenizer work."""
+    prompt = as_text("prompt", prompt, MAX_PROMPT_CHARS)
+    system = as_text("system", system, MAX_SYSTEM_CHARS, optional=True)
+    chat = as_bool("chat", chat)
     if chat:
         messages = [] if system is None else [{"role": "system", "content": system}]
         messages.append({"role": "user", "content": prompt})
@@ -312,6 +335,7 @@ def render_prompt(tok: Any, prompt: str, chat: bool = True, system: str | None =
 
 def pre_tokens(tok: Any, text: str) -> list[str]:
     """How the tokenizer's normalizer + pre-tokenizer split `text` before BPE (in vocab alphabet)."""
+    text = as_text("text", text, MAX_PROMPT_CHARS)
     backend = _table(tok).backend
     if backend is None:
         raise NotImplementedError("pre-tokenization needs a fast (tokenizers) tokenizer")
@@ -350,7 +374,12 @@ def bpe_merges(tok: Any, word: str) -> list[dict]:
     later step applies the lowest-rank merge present, to all its non-overlapping occurrences from left
     to right (GPT-2's order; the tokenizers crate merges one occurrence at a time but ends in the same
     place). Each step: {step, merge: [left, right] | None, rank, symbols (display text), pieces (vocab
-    strings), ids}. Raises ValueError when `word` is more than one pre-token."""
+    strings), ids}. Raises ValueError when `word` is more than one pre-token or longer than MAX_BPE_CHARS
+    characters (refused before any work: the trace's cost grows quadratically with the length)."""
+    if isinstance(word, str) and len(word) > MAX_BPE_CHARS:
+        raise ValueError(f"word is {len(word)} characters; the BPE merge trace shows words of at most "
+                         f"{MAX_BPE_CHARS} characters (got {word[:20]!r}...)")
+    word = as_text("word", word, MAX_BPE_CHARS)
     table = _table(tok)
     if table.model_json.get("type", "BPE") != "BPE" or table.backend is None:
         raise NotImplementedError("bpe_merges needs a fast tokenizer with a BPE model")
@@ -543,6 +572,19 @@ class IncrementalDetokenizer:
         return out, matched
 
     # -- public -----------------------------------------------------------------------------------
+
+    def snapshot(self) -> tuple:
+        """The state a push or finish can change, for `restore` (the engine undoes a failed step with it).
+
+        Cheap: emitted parts are only ever appended, so their count stands for them."""
+        return (self._held, len(self._parts), self._finished, self.stop, list(self._ids), self._prefix,
+                self._read, self._prefix_text)
+
+    def restore(self, state: tuple) -> None:
+        held, n_parts, self._finished, self.stop, ids, self._prefix, self._read, self._prefix_text = state
+        self._held = held
+        del self._parts[n_parts:]
+        self._ids = list(ids)
 
     @property
     def text(self) -> str:
