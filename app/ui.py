@@ -14,12 +14,7 @@ import traceback
 
 import gradio as gr
 
-from engine import SamplingParams
-try:  # TEMP until the engine exports it
-    from engine import StepFailed
-except ImportError:
-    class StepFailed(RuntimeError):
-        pass
+from engine import SamplingParams, StepFailed
 from engine.scheduler import Status
 
 from . import calculators as calc

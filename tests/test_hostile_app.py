@@ -383,3 +383,30 @@ def test_every_socket_answers_garbage_with_a_message(server, path, message):
 def test_after_socket_garbage_the_session_is_intact(server, greedy_ids):
     ws_url, app = server
     assert_session_intact(app.state.registry, "socket-garbage", greedy_ids)
+
+
+# ---- class 4: a failed step changes nothing, and the page says so truthfully ---------------------------
+def test_a_step_that_fails_is_undone_and_the_page_says_so(lab, greedy_ids, monkeypatch):
+    h, _, registry = lab
+    r = req("hostile-atomic")
+    # an underflowing positive temperature means greedy (it used to raise IndexError inside the chain)
+    for _ in range(3):
+        assert "il-msg-error" not in message_of(h.step(*step_args(prompt=GREEDY_PROMPT, temperature=1e-300,
+                                                                    max_tokens=8), request=r))
+    s = registry.sessions["hostile-atomic"]
+    assert s.engine.sequences[s.focus].output_ids == greedy_ids[:3]
+    before = (len(s.events), list(s.engine.sequences[s.focus].output_ids), s.engine.kv_stats()["used"])
+    import engine.engine as engine_mod
+    real = engine_mod.Engine._sample
+    monkeypatch.setattr(engine_mod.Engine, "_sample", lambda *a, **k: (_ for _ in ()).throw(IndexError("boom")))
+    msg = message_of(h.step(*step_args(prompt=GREEDY_PROMPT, temperature=0.0, max_tokens=8), request=r))
+    assert "failed and was undone" in msg and "IndexError" in msg and "still usable" not in msg
+    after = (len(s.events), list(s.engine.sequences[s.focus].output_ids), s.engine.kv_stats()["used"])
+    assert after == before
+    monkeypatch.setattr(engine_mod.Engine, "_sample", real)
+    while s.has_unfinished():  # the same sequence carries on, exactly as if nothing had happened
+        assert "il-msg-error" not in message_of(h.step(*step_args(prompt=GREEDY_PROMPT, temperature=0.0,
+                                                                    max_tokens=8), request=r))
+    assert s.engine.sequences[s.focus].output_ids == greedy_ids
+    s.reset()
+    assert s.engine.kv_stats()["used"] == 0
