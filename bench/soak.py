@@ -11,7 +11,7 @@ Each page does what the browser and static/lab.js do, over the same endpoints:
   status, "hello" (the tab's socket ticket; it creates the tab's session) and one tick of the calculators'
   timer. All events of one page carry that page's one session hash.
 * then /ws/lab?ticket=T (with the page's Origin, as a browser sends it) and waits for {"type": "bound"}.
-* Step: {"op": "step", "inputs": {...}} over the socket, every values as lab.js reads it off the controls;
+* Step: {"op": "step", "inputs": {...}} over the socket, every value as lab.js reads it off the controls;
   latency = send -> first payload with op == "step". {"type": "sync"} runs the hidden sync button's Gradio
   event, as lab.js clicks it. A language switch fires the language radio's Gradio change events.
 * a finished sequence (the step payload's message) is followed by Reset (the reset button's Gradio event and
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import html
 import json
 import math
 import os
@@ -80,6 +81,8 @@ class Stats:
     finished: int = 0  # step payloads that said every sequence had finished
     churns: int = 0
     pages: int = 0
+    rss_idle: int | None = None  # before any page opened
+    rss_after: int | None = None  # once everything was freed (or the wait ended): what the close gave back
 
     def bucket(self, t: float) -> int:
         return max(0, int((t - self.t0) // self.interval))
@@ -91,8 +94,9 @@ class Stats:
         b = self.bucket(time.monotonic())
         self.errors[b] = self.errors.get(b, 0) + 1
         self.kinds[kind] += 1
-        if len(self.examples) < 8:
-            self.examples.append(f"{kind}: {detail[:300]}")
+        example = f"{kind}: {detail[:300]}"
+        if len(self.examples) < 8 and example not in self.examples:  # distinct ones: the first of each says most
+            self.examples.append(example)
 
 
 def message_kind(payload) -> tuple[str | None, str]:
@@ -101,7 +105,7 @@ def message_kind(payload) -> tuple[str | None, str]:
         return None, ""
     msg = (payload.get("html") or {}).get("html-message") or ""
     m = re.search(r'class="il-msg il-msg-(\w+)"', msg)
-    text = re.sub(r"<[^>]+>", "", msg)
+    text = html.unescape(re.sub(r"<[^>]+>", "", msg))
     return (m.group(1) if m else None), text
 
 
@@ -237,8 +241,8 @@ class GradioApp:
 class Page:
     """One browser tab: its session hash, heartbeat stream, Gradio events and /ws/lab socket."""
 
-    def __init__(self, base: str, gapp: GradioApp, stats: Stats, rng: random.Random):
-        self.base, self.gapp, self.stats, self.rng = base, gapp, stats, rng
+    def __init__(self, base: str, gapp: GradioApp, stats: Stats):
+        self.base, self.gapp, self.stats = base, gapp, stats
         self.hash = secrets.token_hex(6)[:11]  # the browser's is Math.random().toString(36): random, per page load
         self.values = dict(gapp.defaults)  # the page's controls, by component id
         self.values[gapp.by_elem["visible"]] = VISIBLE
@@ -461,9 +465,9 @@ async def user(i: int, base: str, gapp: GradioApp, stats: Stats, args, stop: asy
         return time.monotonic() + rng.expovariate(1 / args.churn_every) if churner else math.inf
 
     async def new_page() -> Page:
-        page = Page(base, gapp, stats, rng)
+        page = Page(base, gapp, stats)
         page.set("seed", 1000 + i)  # per client: the rooms' streams differ
-        if args.max_tokens:
+        if args.max_tokens is not None:
             page.set("max_tokens", args.max_tokens)
         lang, prompt = PROMPTS[prompt_no % len(PROMPTS)]
         page.set("prompt", prompt)
@@ -558,6 +562,7 @@ async def soak(base: str, pid: int | None, args) -> tuple[Stats, float | None, d
     async with httpx.AsyncClient(base_url=base, timeout=30) as c:
         gapp = GradioApp((await c.get("/config")).json())
     stats = Stats(t0=time.monotonic(), interval=args.interval, duration=args.minutes * 60)
+    stats.rss_idle = rss_bytes(pid)
     stop = asyncio.Event()
     # sampled while the clients are on (the table's rows); the close and the freeing are reported apart
     sample_task = asyncio.create_task(sampler(base, pid, stats, stop))
@@ -575,6 +580,8 @@ async def soak(base: str, pid: int | None, args) -> tuple[Stats, float | None, d
         if t.exception() is not None:
             stats.error("client crashed", f"{type(t.exception()).__name__}: {t.exception()}")
     freed_s, last = await wait_freed(base, args.free_timeout)
+    await asyncio.sleep(1.0)  # release_memory runs right after the drop; give it a moment before reading
+    stats.rss_after = rss_bytes(pid)
     return stats, freed_s, last
 
 
@@ -605,6 +612,9 @@ def report(stats: Stats, freed_s: float | None, last: dict, args, server_traceba
           f"{stats.finished}, resets {stats.resets}"
           + (f", latency p50 {percentile(all_lat, .5) * 1000:.0f} ms p95 {percentile(all_lat, .95) * 1000:.0f} ms "
              f"max {max(all_lat) * 1000:.0f} ms" if all_lat else ""))
+    if stats.rss_idle and stats.rss_after:
+        print(f"server RSS: {stats.rss_idle / 2**20:.0f} MB before the first page, {stats.rss_after / 2**20:.0f} MB "
+              f"after the close")
     if stats.kinds:
         print("errors by kind: " + ", ".join(f"{k} {n}" for k, n in stats.kinds.most_common()))
         for e in stats.examples:
@@ -645,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--interval", type=float, default=60.0,
                     help="seconds per table row; the first row is the warm-up the RSS growth is measured from")
-    ap.add_argument("--url", default="", help="attach to a running server, e.g. http://127.0.0.1:7860")
+    ap.add_argument("--url", default="", help="attach to a running server, e.g. http://127.0.0.1:7860 (the freed target expects these clients to "
+                         "be its only visitors)")
     ap.add_argument("--pid", type=int, default=None,
                     help="with --url: the server's pid for RSS (default: whoever listens on the url's local port)")
     ap.add_argument("--port", type=int, default=0, help="port for the server this script starts (default: a free one)")
