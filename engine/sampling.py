@@ -148,6 +148,11 @@ class SamplingParams:
             raise type_error("ignore_eos", "a bool", self.ignore_eos)
 
     def _validate_stop(self) -> None:
+        # the forms __post_init__ accepts are accepted here too (for a field set after construction)
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        elif isinstance(self.stop, list) and len(self.stop) <= MAX_STOP_STRINGS:
+            self.stop = tuple(self.stop)
         if not isinstance(self.stop, tuple):
             if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_STRINGS:
                 raise value_error("stop", f"at most {MAX_STOP_STRINGS} strings", self.stop)
