@@ -89,6 +89,29 @@ def _ints(x: Any) -> torch.Tensor:
     return torch.from_numpy(np.array(x, dtype=np.int64))
 
 
+# The parts of a capture SeqEvent.drop_capture() can free, and the CaptureData fields each one empties.
+CAPTURE_PARTS = {"attention": ("attention",), "lens": ("lens_ids", "lens_tokens", "lens_probs"),
+                 "residual_norms": ("residual_norms",), "embeddings": ("embeddings",)}
+
+
+def _int(x: Any) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise ValueError(f"expected an integer, got {type(x).__name__}")
+    return x
+
+
+def _int_list(x: Any) -> list[int]:
+    if not isinstance(x, list):
+        raise ValueError(f"expected a list, got {type(x).__name__}")
+    return [_int(v) for v in x]
+
+
+def _parts(x: Any) -> list[str]:
+    if not isinstance(x, list) or not all(isinstance(p, str) and p in CAPTURE_PARTS for p in x):
+        raise ValueError(f"expected a list of {', '.join(CAPTURE_PARTS)}")
+    return list(x)
+
+
 @dataclass
 class CaptureData:
     """Instrumentation of one sequence in one step (present only when the engine was asked for it)."""
@@ -102,6 +125,52 @@ class CaptureData:
     lens_probs: Any = None  # [layers, lens positions, k]
     residual_norms: Any = None  # [layers + 1, rows]
     embeddings: Any = None  # [rows, hidden]
+    # Capture budget (engine.model.Capture.max_attention_bytes): the absolute positions whose attention rows
+    # were kept, in the order of the rows of `attention` (None: every position, as before budgets), and the
+    # budget in force (None: unlimited).
+    attention_positions: list[int] | None = None
+    attention_budget: int | None = None
+    # Parts freed after the step to save memory (CAPTURE_PARTS keys): charts say "not kept" for them.
+    dropped: list[str] = field(default_factory=list)
+
+    @property
+    def attention_rows(self) -> list[int]:
+        """Absolute positions of the rows in `attention` (the kept rows under a budget)."""
+        if "attention" in self.dropped:
+            return []
+        return list(self.positions if self.attention_positions is None else self.attention_positions)
+
+    def nbytes(self) -> int:
+        """Bytes held by this capture's arrays (attention, lens, norms, embeddings), each storage once."""
+        seen, total = set(), 0
+        arrays = list((self.attention or {}).values()) + [self.lens_ids, self.lens_probs, self.residual_norms,
+                                                           self.embeddings]
+        for a in arrays:
+            if isinstance(a, torch.Tensor):
+                store = a.untyped_storage()
+                key, size = store.data_ptr(), store.nbytes()
+            elif isinstance(a, np.ndarray):
+                base = a if a.base is None else a.base
+                key, size = id(base), getattr(base, "nbytes", a.nbytes)
+            else:
+                continue
+            if key not in seen:
+                seen.add(key)
+                total += size
+        return total
+
+    def drop(self, parts: tuple[str, ...] = ("attention",)) -> int:
+        """Free `parts` (CAPTURE_PARTS keys) and remember that they were dropped; returns the bytes freed."""
+        unknown = [p for p in parts if p not in CAPTURE_PARTS]
+        if unknown:
+            raise ValueError(f"unknown capture part(s): {', '.join(unknown)} (known: {', '.join(CAPTURE_PARTS)})")
+        before = self.nbytes()
+        for part in parts:
+            for name in CAPTURE_PARTS[part]:
+                setattr(self, name, {} if name == "attention" else None)
+            if part not in self.dropped:
+                self.dropped.append(part)
+        return before - self.nbytes()
 
     def to_dict(self) -> dict:
         return jsonable({k: v for k, v in self.__dict__.items()}, digits=5)
@@ -112,6 +181,7 @@ class CaptureData:
         return _build(cls, d, {
             "attention": lambda a: {k: _floats(v) for k, v in _int_keys(a).items()},
             "lens_ids": _ints, "lens_probs": _floats, "residual_norms": _floats, "embeddings": _floats,
+            "attention_positions": _int_list, "attention_budget": _int, "dropped": _parts,
         })
 
 
@@ -141,6 +211,11 @@ class SeqEvent:
     itl_s: float | None = None  # engine time since this sequence's previous token
     capture: CaptureData | None = None
     spec: dict | None = None  # a speculative round: drafts with q, p, ratio, u, verdict; final token; rollback; stats
+
+    def drop_capture(self, parts: tuple[str, ...] = ("attention",)) -> int:
+        """Free `parts` of this step's capture (the attention by default: ~all of its bytes) to save memory;
+        the charts then say those rows were not kept. Returns the bytes freed (0 without a capture)."""
+        return self.capture.drop(parts) if self.capture is not None else 0
 
     def to_dict(self) -> dict:
         return jsonable(self.__dict__)
@@ -173,6 +248,14 @@ class StepEvent:
 
     def seq(self, seq_id: int) -> SeqEvent | None:
         return next((s for s in self.seqs if s.seq_id == seq_id), None)
+
+    def capture_nbytes(self) -> int:
+        """Bytes held by the captures of all its sequences (CaptureData.nbytes)."""
+        return sum(s.capture.nbytes() for s in self.seqs if s.capture is not None)
+
+    def drop_captures(self, parts: tuple[str, ...] = ("attention",)) -> int:
+        """SeqEvent.drop_capture on every sequence; returns the bytes freed."""
+        return sum(s.drop_capture(parts) for s in self.seqs)
 
     def to_dict(self) -> dict:
         return jsonable(self.__dict__)

@@ -100,6 +100,21 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
     return inv_freq
 
 
+# The lab's attention budget per sequence and step (app/session.py passes it to every tab's Capture). Full
+# capture of a 1,400-token prompt keeps 30 layers x 9 heads x T x T float32, ~1.4 GB per tab; 24 MiB keeps
+# every layer and head for the last 16 query rows at T = 1,400 (45 rows of a 512-token first chunk), and a
+# whole decode row up to a 23,000-token context.
+ATTENTION_BUDGET = 24 << 20
+# Above the budget, a layer's attention is computed in blocks of query rows of about this many bytes of
+# scores, so the transient memory of the forward is bounded too (a few such blocks, not heads x T x T).
+ATTENTION_BLOCK_BYTES = 8 << 20
+# A block has at least this many rows: MKL gives a matmul of 1-3 rows (a gemv path) different last bits
+# than the same rows inside a larger product; from 4 rows up the blocks reproduce the full product bitwise.
+MIN_BLOCK_ROWS = 8
+# The logit lens goes through the LM head and its vocab-wide softmax this many rows at a time (12 MB each).
+LENS_BLOCK_ROWS = 64
+
+
 @dataclass
 class Capture:
     """What to record during one forward. Only rows of sequences listed in `seq_indices` (None = all)."""
@@ -112,11 +127,16 @@ class Capture:
     lens_max_positions: int = 8  # the lens over a long prefill would cost L×T head matmuls: keep the tail
     residual_norms: bool = True
     embeddings: bool = True
+    # Bytes of attention probabilities kept per sequence and step (None: unlimited). Above it only the last
+    # query rows that fit are kept, for every recorded layer and head (so any layer/head can still be shown),
+    # and SeqCapture.attention_positions says which; a row that alone exceeds it is not kept at all.
+    max_attention_bytes: int | None = None
 
 
 @dataclass
 class SeqCapture:
-    attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [heads, q_len, ctx]
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [heads, kept rows, ctx]
+    attention_positions: list[int] | None = None  # absolute positions of the kept rows; None: every row
     lens_positions: list[int] = field(default_factory=list)  # absolute positions covered by the lens
     lens_ids: torch.Tensor | None = None  # [layers, positions, k]
     lens_probs: torch.Tensor | None = None  # [layers, positions, k]
@@ -288,17 +308,25 @@ class Model:
 
         caps: dict[int, SeqCapture] = {}
         want = set(range(len(seqs))) if capture_seqs is None else capture_seqs
-        if capture is not None:
-            caps = {i: SeqCapture() for i in want}
         attn_layers = set(range(spec.num_layers)) if capture is None or capture.attention_layers is None \
             else set(capture.attention_layers)
+        if capture is not None:
+            caps = {i: SeqCapture() for i in want}
+            if capture.attention and capture.max_attention_bytes is not None:
+                run = spec.num_layers if exit_layer is None else min(exit_layer, spec.num_layers)
+                self._budget_rows(caps, seqs, capture, len(attn_layers & set(range(run))))
 
         decode_ctx = None
         if decode_only:
             decode_ctx = self._padded_context(seqs)
 
         x = self.embed[ids]
-        residuals = [x] if capture is not None and (capture.residual_norms or capture.logit_lens) else None
+        # the residual stream after the embedding and after each layer, reduced as it goes (norms of the captured
+        # rows, the lens's last positions): keeping every layer's [rows, hidden] for later was 2 x 36 MB a step
+        residuals = _Residuals(caps, offsets, capture) if capture is not None and caps and \
+            (capture.residual_norms or capture.logit_lens) else None
+        if residuals is not None:
+            residuals.append(x)
         if capture is not None and capture.embeddings:
             for i, c in caps.items():
                 c.embeddings = x[offsets[i]:offsets[i + 1]].float().clone()
@@ -318,6 +346,8 @@ class Model:
                 out, probs = self._attend_decode(q, kv, li, decode_ctx)
                 if record:
                     for si, c in caps.items():
+                        if c.attention_positions == []:  # the row alone exceeds the budget
+                            continue
                         row = probs[si].reshape(H, 1, -1)[..., : seqs[si].start_pos + 1]
                         heads = capture.attention_heads
                         c.attention[li] = (row if heads is None else row[heads]).float().clone()
@@ -340,22 +370,35 @@ class Model:
                           for i, s in enumerate(seqs)]).to(dev)
         final = x[rows]
         lens_in = self._lens_inputs(caps, residuals, offsets, capture) if capture is not None else {}
-        if lens_in and self.head.packed is not None and final.shape[0] <= Linear.PACKED_MAX_ROWS:
+        sizes = [t.shape[0] for t in lens_in.values()]
+        if (lens_in and self.head.packed is not None and final.shape[0] <= Linear.PACKED_MAX_ROWS
+                and sum(sizes) <= LENS_BLOCK_ROWS):
             # One pass over the LM head (the largest matrix; a decode step is a memory stream) for the real
             # logits and the lens rows together: ~2 ms of a ~48 ms decode step on 2 CPU cores. The real rows
             # take the packed kernel anyway at this count, and it gives a row the same result in any batch of
             # rows (tests/test_engine.py checks the logits bitwise).
             both = self.logits(torch.cat([final] + list(lens_in.values())), prefer_packed=True)
             logits = both[: final.shape[0]]
-            sizes = [t.shape[0] for t in lens_in.values()]
-            lens_logits = dict(zip(lens_in, both[final.shape[0]:].split(sizes)))
+            lens_top = {i: self._lens_top(rows, capture.lens_top_k)
+                        for i, rows in zip(lens_in, both[final.shape[0]:].split(sizes))}
         else:
             logits = self.logits(final)
-            # the lens is for display: the faster oneDNN kernel is fine at any row count
-            lens_logits = {i: self.logits(t, prefer_packed=True) for i, t in lens_in.items()}
+            # the lens is for display: the faster oneDNN kernel is fine at any row count. In blocks of rows:
+            # a prefill's 30 layers x 16 positions of vocab-wide logits and softmax would be ~190 MB at once.
+            lens_top = {i: self._lens_top(t, capture.lens_top_k, head=True) for i, t in lens_in.items()}
         if capture is not None:
-            self._finish_capture(caps, residuals, seqs, offsets, capture, lens_logits)
+            self._finish_capture(caps, residuals, seqs, offsets, capture, lens_top)
         return logits, caps
+
+    def _lens_top(self, rows: torch.Tensor, k: int, head: bool = False):
+        """(ids, probs) of the top-k of softmax(logits) for each row, LENS_BLOCK_ROWS rows at a time; `rows`
+        are logits, or with head=True final hidden states that go through the final norm and head first."""
+        ids, probs = [], []
+        for block in rows.split(LENS_BLOCK_ROWS):
+            top = torch.softmax(self.logits(block, prefer_packed=True) if head else block, dim=-1).topk(k, dim=-1)
+            ids.append(top.indices)
+            probs.append(top.values)
+        return (torch.cat(ids), torch.cat(probs)) if len(ids) > 1 else (ids[0], probs[0])
 
     def _padded_context(self, seqs: list[SeqInput]):
         """Slots of every sequence padded to the longest context, and the mask hiding the padding."""
@@ -401,14 +444,54 @@ class Model:
             return out.transpose(0, 1)
         group = self.spec.num_heads // self.spec.num_kv_heads
         kf, vf = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
-        scores = (qh @ kf.transpose(1, 2)) * self.scale
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         heads = capture.attention_heads
+        keep = n if cap.attention_positions is None else len(cap.attention_positions)
+        if keep < n:
+            return self._attend_blocks(qh, kf, vf, mask, keep, cap, li, heads)
+        probs = self._probs(qh, kf, mask)
         kept = probs if heads is None else probs[heads]
         cap.attention[li] = kept.float().clone()
         return (probs @ vf).transpose(0, 1)
+
+    def _probs(self, qh, kf, mask):
+        scores = (qh @ kf.transpose(1, 2)) * self.scale
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).to(qh.dtype)
+
+    def _attend_blocks(self, qh, kf, vf, mask, keep: int, cap: SeqCapture, li: int, heads):
+        """The capture path of _attend_seq over blocks of query rows, keeping the probabilities of the last
+        `keep` rows only: the forward never holds heads x n x ctx scores (ATTENTION_BLOCK_BYTES per block).
+        Every row goes through the same eager ops as the unbudgeted path, in blocks of >= MIN_BLOCK_ROWS rows,
+        so outputs and kept rows equal the unbudgeted capture's bitwise (tests/test_hostile_capture.py)."""
+        H, n, ctx = qh.shape[0], qh.shape[1], kf.shape[1]
+        rows = max(MIN_BLOCK_ROWS, ATTENTION_BLOCK_BYTES // max(1, H * ctx * qh.element_size()))
+        bounds = list(range(0, n, rows)) + [n]
+        if len(bounds) > 2 and bounds[-1] - bounds[-2] < MIN_BLOCK_ROWS:
+            del bounds[-2]  # a short last block joins the one before it
+        outs, kept = [], []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            probs = self._probs(qh[:, a:b], kf, mask[a:b] if mask is not None else None)
+            outs.append(probs @ vf)
+            if b > n - keep:
+                sel = probs[:, max(a, n - keep) - a:]
+                kept.append((sel if heads is None else sel[heads]).float().clone())
+            del probs
+        if kept:
+            cap.attention[li] = torch.cat(kept, dim=1) if len(kept) > 1 else kept[0]
+        return torch.cat(outs, dim=1).transpose(0, 1)
+
+    def _budget_rows(self, caps: dict[int, SeqCapture], seqs: list[SeqInput], capture: Capture,
+                     layers: int) -> None:
+        """Which query rows of each captured sequence fit capture.max_attention_bytes (the last ones)."""
+        heads = self.spec.num_heads if capture.attention_heads is None else len(capture.attention_heads)
+        for si, c in caps.items():
+            s = seqs[si]
+            n = len(s.token_ids)
+            ctx = s.start_pos + n
+            row_bytes = layers * heads * ctx * 4  # every recorded layer and head, kept as float32
+            keep = n if row_bytes == 0 else min(n, max(0, capture.max_attention_bytes) // row_bytes)
+            c.attention_positions = list(range(ctx - keep, ctx))
 
     def _lens_inputs(self, caps, residuals, offsets, capture: Capture) -> dict[int, torch.Tensor]:
         """{seq index: the residual stream after each layer at its last positions, [layers * keep, hidden]}."""
@@ -416,27 +499,42 @@ class Model:
             return {}
         out = {}
         for i in caps:
-            n = offsets[i + 1] - offsets[i]
-            keep = min(n, capture.lens_max_positions)
             # after each layer; the last layer's lens equals the real logits
-            tail = torch.stack([r[offsets[i + 1] - keep: offsets[i + 1]] for r in residuals[1:]])
+            tail = torch.stack([t[i] for t in residuals.tails[1:]])
             out[i] = tail.reshape(-1, tail.shape[-1])
         return out
 
-    def _finish_capture(self, caps, residuals, seqs, offsets, capture: Capture, lens_logits) -> None:
+    def _finish_capture(self, caps, residuals, seqs, offsets, capture: Capture, lens_top) -> None:
         if not caps or residuals is None:
             return
-        stacked = torch.stack(residuals) if capture.residual_norms else None  # [L+1, N, hidden]
         for i, c in caps.items():
-            if stacked is not None:
-                c.residual_norms = stacked[:, offsets[i]:offsets[i + 1]].float().norm(dim=-1)
-            if i in lens_logits:
+            if capture.residual_norms:
+                c.residual_norms = torch.stack([norms[i] for norms in residuals.norms])  # [L+1, rows]
+            if i in lens_top:
                 n = offsets[i + 1] - offsets[i]
                 keep = min(n, capture.lens_max_positions)
-                L = len(residuals) - 1
-                probs = torch.softmax(lens_logits[i], dim=-1)
-                top = probs.topk(capture.lens_top_k, dim=-1)
-                c.lens_ids = top.indices.view(L, keep, -1)
-                c.lens_probs = top.values.view(L, keep, -1)
+                L = len(residuals.tails) - 1
+                ids, probs = lens_top[i]
+                c.lens_ids = ids.view(L, keep, -1)
+                c.lens_probs = probs.view(L, keep, -1)
                 start = seqs[i].start_pos
                 c.lens_positions = list(range(start + n - keep, start + n))
+
+
+class _Residuals:
+    """What the capture needs of the residual stream after the embedding and after each layer, per captured
+    sequence: the norm of every row, and a copy of the last lens_max_positions rows for the logit lens."""
+
+    def __init__(self, caps: dict[int, SeqCapture], offsets: list[int], capture: Capture):
+        self.caps, self.offsets, self.capture = caps, offsets, capture
+        self.norms: list[dict[int, torch.Tensor]] = []
+        self.tails: list[dict[int, torch.Tensor]] = []
+
+    def append(self, x: torch.Tensor) -> None:
+        o, cap = self.offsets, self.capture
+        if cap.residual_norms:
+            self.norms.append({i: x[o[i]:o[i + 1]].float().norm(dim=-1) for i in self.caps})
+        if cap.logit_lens:
+            keep = {i: min(o[i + 1] - o[i], cap.lens_max_positions) for i in self.caps}
+            # a copy: a view would keep the whole [rows, hidden] of every layer alive
+            self.tails.append({i: x[o[i + 1] - keep[i]:o[i + 1]].clone() for i in self.caps})

@@ -48,6 +48,16 @@ TEXT = {
         "y_lens_layer": "Layer (residual stream after it)",
         "input": "input",
         "next": "actual next",
+        "kept_last": "attention kept for the last {k} of the {total} positions shown",
+        "kept_some": "attention kept for {k} of the {total} positions shown",
+        "kept_none": "no attention kept for the {total} positions shown",
+        "over_budget": "{n} over the capture budget ({budget} a step)",
+        "freed": "{n} freed later (capture budget)",
+        "not_kept": "Attention of layer {layer} was not kept for these positions (capture budget)",
+        "not_kept_any": "Attention was not kept for these positions (capture budget)",
+        "entropy_older": "attention of the {n} newer positions not kept (capture budget)",
+        "lens_freed": "logit lens of {n} positions not kept (capture budget)",
+        "bytes": ("B", "KiB", "MiB", "GiB"),
     },
     "ru": {
         "attn_title": "Внимание · слой {layer}, голова {head}",
@@ -77,6 +87,16 @@ TEXT = {
         "y_lens_layer": "Слой (остаточный поток после него)",
         "input": "вход",
         "next": "настоящий следующий",
+        "kept_last": "внимание сохранено для последних {k} из {total} показанных позиций",
+        "kept_some": "внимание сохранено для {k} из {total} показанных позиций",
+        "kept_none": "внимание не сохранено ни для одной из {total} показанных позиций",
+        "over_budget": "{n} — сверх бюджета захвата ({budget} на шаг)",
+        "freed": "{n} удалены позже (бюджет захвата)",
+        "not_kept": "Внимание слоя {layer} для этих позиций не сохранено (бюджет захвата)",
+        "not_kept_any": "Внимание для этих позиций не сохранено (бюджет захвата)",
+        "entropy_older": "внимание {n} более новых позиций не сохранено (бюджет захвата)",
+        "lens_freed": "logit lens для {n} позиций не сохранён (бюджет захвата)",
+        "bytes": ("Б", "КиБ", "МиБ", "ГиБ"),
     },
 }
 
@@ -124,6 +144,84 @@ def context_len(evs: list) -> int:
     return int(last.chunk_start + last.num_processed)
 
 
+SUBTITLE = "<br><span style='font-size:11px;color:#555'>{}</span>"
+SUBTITLE_PX = 15  # the top margin a subtitle line adds
+
+
+def count_text(n: int, lang: str) -> str:
+    """1,400 (en) / 1 400 (ru, a no-break space)."""
+    return f"{int(n):,}".replace(",", "\u00a0" if lang == "ru" else ",")
+
+
+def bytes_text(n: int, lang: str) -> str:
+    """24 MiB / 24 МиБ: binary units, as the budgets are set."""
+    units, v, i = tr(lang)["bytes"], float(n), 0
+    while v >= 1024 and i < len(units) - 1:
+        v, i = v / 1024, i + 1
+    num = f"{v:.0f}" if i == 0 or v >= 10 or v == int(v) else f"{v:.1f}"
+    return f"{num.replace('.', ',') if lang == 'ru' else num} {units[i]}"
+
+
+def _rows_of(cap) -> list[int]:
+    """Absolute positions of the rows of cap.attention (the kept rows under a capture budget)."""
+    rows = getattr(cap, "attention_rows", None)
+    return list(cap.positions) if rows is None else rows
+
+
+def _dropped(cap, part: str) -> bool:
+    return part in (getattr(cap, "dropped", None) or ())
+
+
+def kept_note(evs: list, lo: int, T: int, filled: list[int], lang: str) -> str:
+    """The lines saying which positions of [lo, T) show no attention because of a capture budget: rows over
+    the per-step budget (engine Capture.max_attention_bytes) and rows freed later to save memory. Positions
+    without a row for other reasons (capture off, a prefix-cache hit) are not counted here, as before."""
+    t = tr(lang)
+    latest: dict[int, object] = {}  # position -> the capture of the latest step that computed it
+    for s in evs:
+        cap = s.capture
+        if cap is not None:
+            span = [int(p) for p in cap.positions if lo <= p < T]
+        else:  # only the window: a step's counts come from the event (a replayed trace's, too)
+            span = range(max(lo, int(s.chunk_start)), min(T, int(s.chunk_start) + int(s.num_processed)))
+        for p in span:
+            latest[p] = cap
+    have = set(filled)
+    over = freed = 0
+    budget = None
+    kept_rows: dict[int, set[int]] = {}
+    for p, cap in latest.items():
+        if p in have or cap is None:
+            continue
+        if _dropped(cap, "attention"):
+            freed += 1
+        elif getattr(cap, "attention_budget", None) is not None:
+            rows = kept_rows.setdefault(id(cap), set(_rows_of(cap)))
+            if p not in rows:
+                over, budget = over + 1, cap.attention_budget
+    if not (over or freed):
+        return ""
+    k, total = len([p for p in filled if lo <= p < T]), T - lo
+    if k == 0:
+        head = t["kept_none"].format(total=count_text(total, lang))
+    else:
+        key = "kept_last" if [p for p in filled if lo <= p < T] == list(range(T - k, T)) else "kept_some"
+        head = t[key].format(k=count_text(k, lang), total=count_text(total, lang))
+    why = []
+    if over:
+        why.append(t["over_budget"].format(n=count_text(over, lang), budget=bytes_text(budget, lang)))
+    if freed:
+        why.append(t["freed"].format(n=count_text(freed, lang)))
+    return head + "<br>" + " · ".join(why)
+
+
+def _with_note(title: str, note: str) -> tuple[str, int]:
+    """The title with the note as small subtitle lines, and the top margin the lines add."""
+    if not note:
+        return title, 0
+    return title + SUBTITLE.format(note), SUBTITLE_PX * (note.count("<br>") + 1)
+
+
 def _head_index(cap, head: int, num_rows: int) -> int | None:
     heads = cap.attention_heads
     if heads is None:
@@ -148,7 +246,7 @@ def _assemble(events, seq_id: int, layer: int, heads: list[int], max_positions: 
         if cap is None or layer not in (cap.attention or {}) or not cap.positions:
             continue
         block = cap.attention[layer]
-        rows = [(i, p) for i, p in enumerate(cap.positions) if lo <= p < T]
+        rows = [(i, p) for i, p in enumerate(_rows_of(cap)) if lo <= p < T]
         if not rows:
             continue
         i0, i1 = rows[0][0], rows[-1][0] + 1
@@ -199,11 +297,14 @@ def attention_heatmap(events, seq_id: int, layer: int, head: int, texts: list[st
     mats, lo, T, filled = _assemble(events, seq_id, layer, [head], max_positions)
     if T == 0:
         return empty(title, t["attn_empty"], uirev)
+    note = kept_note(seq_events(events, seq_id), lo, T, filled, lang)
     if not filled:
-        return empty(title, t["attn_no_layer"].format(layer=layer, head=head), uirev)
+        msg = t["not_kept"].format(layer=layer) if note else t["attn_no_layer"].format(layer=layer, head=head)
+        return empty(title, msg, uirev)
     n = T - lo
     if lo > 0:
         title += t["window"].format(n=n, total=T)
+    title, extra = _with_note(title, note)
     labels = [pos_label(p, texts) for p in range(lo, T)]
     z = _round(_upper_to_nan(mats[0]))
     trace = dict(
@@ -220,8 +321,8 @@ def attention_heatmap(events, seq_id: int, layer: int, head: int, texts: list[st
                             showgrid=False),
                  yaxis=dict(title=dict(text=t["y_query"]), type="category", autorange="reversed",
                             tickfont=dict(size=9), showgrid=False),
-                 margin=dict(l=room + 30, r=20, t=40, b=room + 34), shapes=shapes,
-                 height=room + 480)  # a plot area of about 400 px once the label margins are taken
+                 margin=dict(l=room + 30, r=20, t=40 + extra, b=room + 34), shapes=shapes,
+                 height=room + 480 + extra)  # a plot area of about 400 px once the label margins are taken
     return figure([trace], lay)
 
 
@@ -258,14 +359,22 @@ def attention_heads_grid(events, seq_id: int, layer: int, texts: list[str] | Non
     title = t["grid_title"].format(layer=layer)
     uirev = "attention-grid"
     heads = _latest_heads(events, seq_id, layer)
+    evs = seq_events(events, seq_id)
     if not heads:
-        evs = seq_events(events, seq_id)
-        msg = t["attn_empty"] if not evs else t["attn_no_layer"].format(layer=layer, head="*")
+        T = context_len(evs)
+        lo = 0 if max_positions is None else max(0, T - int(max_positions))
+        if not evs:
+            msg = t["attn_empty"]
+        elif kept_note(evs, lo, T, [], lang):
+            msg = t["not_kept"].format(layer=layer)
+        else:
+            msg = t["attn_no_layer"].format(layer=layer, head="*")
         return empty(title, msg, uirev)
-    mats, lo, T, _ = _assemble(events, seq_id, layer, heads, max_positions)
+    mats, lo, T, filled = _assemble(events, seq_id, layer, heads, max_positions)
     n = T - lo
     if lo > 0:
         title += t["window"].format(n=n, total=T)
+    title, extra = _with_note(title, kept_note(evs, lo, T, filled, lang))
     labels = [pos_label(p, texts) for p in range(lo, T)]
     ncols = max(1, math.ceil(math.sqrt(len(heads))))
     nrows = math.ceil(len(heads) / ncols)
@@ -284,11 +393,11 @@ def attention_heads_grid(events, seq_id: int, layer: int, texts: list[str] | Non
                  y=_grid_labels(labels, nrows, GRID_GAP_ROWS), coloraxis="coloraxis", hoverongaps=False,
                  hovertemplate=f"%{{y}} → %{{x}}: %{{z:.3f}}<extra>{t['layer']} {layer}</extra>")
     hidden = dict(type="category", showticklabels=False, ticks="", showgrid=False, zeroline=False)
-    lay = layout(title, uirev, annotations=notes, height=max(320, 150 * nrows + 70),
+    lay = layout(title, uirev, annotations=notes, height=max(320, 150 * nrows + 70) + extra,
                  coloraxis=dict(colorscale=ATTN_COLORSCALE, cmin=0.0, cmax=1.0,
                                 colorbar=dict(title=dict(text=t["weight"]), thickness=10)),
                  xaxis=hidden, yaxis=dict(hidden, autorange="reversed"),
-                 margin=dict(l=20, r=20, t=50, b=20))
+                 margin=dict(l=20, r=20, t=50 + extra, b=20))
     return figure([trace], lay)
 
 
@@ -302,13 +411,17 @@ def head_entropy_chart(events, seq_id: int, lang: str = "en") -> dict:
     t = tr(lang)
     uirev = "head-entropy"
     latest = None
-    for s in seq_events(events, seq_id):
-        if s.capture is not None and s.capture.attention and s.capture.positions:
+    evs = seq_events(events, seq_id)
+    for s in evs:
+        if s.capture is not None and s.capture.attention and _rows_of(s.capture):
             latest = s
+    T = context_len(evs)
     if latest is None:
+        if evs and kept_note(evs, 0, T, [], lang):  # captured, but no row was kept (capture budget)
+            return empty(t["entropy_name"], t["not_kept_any"], uirev)
         return empty(t["entropy_name"], t["entropy_empty"], uirev)
     cap = latest.capture
-    pos = int(cap.positions[-1])
+    pos = int(_rows_of(cap)[-1])  # the newest row kept: under a capture budget, the step's last rows
     ctx = pos + 1
     layers = sorted(cap.attention)
     num_heads = int(cap.attention[layers[0]].shape[0])
@@ -325,7 +438,9 @@ def head_entropy_chart(events, seq_id: int, lang: str = "en") -> dict:
     if z.size <= 160:  # small models: a number per cell; beyond that the cells are too small to read (hover)
         trace.update(texttemplate="%{z:.1f}", textfont=dict(size=9))
     title = t["entropy_title"].format(pos=pos, ctx=ctx, max=max_bits)
-    lay = layout(title, uirev, margin=dict(l=50, r=20, t=60, b=40),
+    newer = kept_note(evs, pos + 1, T, [], lang) and T - 1 - pos  # newer positions computed, rows not kept
+    title, extra = _with_note(title, t["entropy_older"].format(n=count_text(newer, lang)) if newer else "")
+    lay = layout(title, uirev, margin=dict(l=50, r=20, t=60 + extra, b=40),
                  xaxis=dict(title=dict(text=t["x_head"]), dtick=1, showgrid=False),
                  yaxis=dict(title=dict(text=t["y_layer"]), showgrid=False))
     return figure([trace], lay)
@@ -346,6 +461,15 @@ def lens_columns(events, seq_id: int) -> dict[int, tuple[np.ndarray, list[list[s
     return {p: v for p, v in cols.items() if p < T}
 
 
+def _lens_freed(events, seq_id: int, cols: dict) -> list[int]:
+    """Positions whose logit lens was freed after its step (SeqEvent.drop_capture) and not recomputed since."""
+    evs = seq_events(events, seq_id)
+    T = context_len(evs)
+    out = {int(p) for s in evs if s.capture is not None and _dropped(s.capture, "lens")
+           for p in s.capture.lens_positions}
+    return sorted(p for p in out if p < T and p not in cols)
+
+
 def logit_lens_chart(events, seq_id: int, lang: str = "en", texts: list[str] | None = None,
                      max_positions: int = LENS_MAX_POSITIONS) -> dict:
     """Layers (y, 0 at the bottom) × positions (x): colour = top-1 probability of the lens at that layer,
@@ -357,9 +481,12 @@ def logit_lens_chart(events, seq_id: int, lang: str = "en", texts: list[str] | N
     t = tr(lang)
     uirev = "logit-lens"
     cols = lens_columns(events, seq_id)
+    freed = _lens_freed(events, seq_id, cols)
     if not cols:
-        return empty(t["lens_title"], t["lens_empty"], uirev)
+        return empty(t["lens_title"], t["lens_freed"].format(n=count_text(len(freed), lang)) if freed
+                     else t["lens_empty"], uirev)
     positions = sorted(cols)[-int(max_positions):]
+    freed = [p for p in freed if p > positions[0]]  # gaps inside the window, or newer than it
     num_layers = min(cols[p][0].shape[0] for p in positions)
     z = np.zeros((num_layers, len(positions)))
     text = [[""] * len(positions) for _ in range(num_layers)]
@@ -380,10 +507,12 @@ def logit_lens_chart(events, seq_id: int, lang: str = "en", texts: list[str] | N
                  texttemplate="%{text}", textfont=dict(size=9), colorscale="YlGnBu", zmin=0.0, zmax=1.0,
                  colorbar=dict(title=dict(text=t["top1"]), thickness=12), xgap=1, ygap=1,
                  hovertemplate=f"{t['layer']} %{{y}} · {t['position']} %{{x}}<br>%{{customdata}}<extra></extra>")
-    lay = layout(t["lens_title"], uirev,
+    title, extra = _with_note(t["lens_title"], t["lens_freed"].format(n=count_text(len(freed), lang))
+                              if freed else "")
+    lay = layout(title, uirev,
                  xaxis=dict(title=dict(text=t["x_position"]), type="category", tickfont=dict(size=9), tickangle=-45,
                             showgrid=False),
                  yaxis=dict(title=dict(text=t["y_lens_layer"]), showgrid=False),
-                 margin=dict(l=50, r=20, t=40, b=rotated_px(9, POS_LABEL_CHARS, 45) + 34),
-                 height=max(360, 14 * num_layers + 120))
+                 margin=dict(l=50, r=20, t=40 + extra, b=rotated_px(9, POS_LABEL_CHARS, 45) + 34),
+                 height=max(360, 14 * num_layers + 120) + extra)
     return figure([trace], lay)

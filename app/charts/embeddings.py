@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attention import context_len, plain, seq_events
+from .attention import SUBTITLE, SUBTITLE_PX, context_len, count_text, plain, seq_events
 from .common import LABEL_CHARS, empty, figure, label_px, layout, legend_key, to_np
 
 MAX_POINTS = 512
@@ -26,6 +26,7 @@ TEXT = {
         "nb_empty": "Pick a token to see its nearest neighbours in the embedding table",
         "cosine": "Cosine similarity",
         "token": "Token",
+        "freed": "embeddings of {n} positions not kept (capture budget)",
     },
     "ru": {
         "pca_title": "Входные эмбеддинги последовательности, PCA в 2-D (токенов: {n})",
@@ -39,6 +40,7 @@ TEXT = {
         "nb_empty": "Выберите токен, чтобы увидеть его ближайших соседей в таблице эмбеддингов",
         "cosine": "Косинусное сходство",
         "token": "Токен",
+        "freed": "эмбеддинги {n} позиций не сохранены (бюджет захвата)",
     },
 }
 
@@ -111,8 +113,10 @@ def embedding_pca(events, seq_id: int, texts: list[str] | None, lang: str = "en"
     t = _tr(lang)
     uirev = "embedding-pca"
     positions, x, n_prompt = embedding_rows(events, seq_id)
+    freed = _freed(events, seq_id, positions)
+    note = t["freed"].format(n=count_text(freed, lang)) if freed else ""
     if not positions:
-        return empty(t["pca_title"].format(n=0), t["pca_empty"], uirev)
+        return empty(t["pca_title"].format(n=0), note or t["pca_empty"], uirev)
     positions, x = positions[-int(max_points):], x[-int(max_points):]
     coords, ratio = pca_2d(x)
     coords = np.round(coords, 5)
@@ -135,14 +139,25 @@ def embedding_pca(events, seq_id: int, texts: list[str] | None, lang: str = "en"
                           f"PC1 %{{x:.3f}}, PC2 %{{y:.3f}}<extra>{name}</extra>"))
     title = (t["pca_title"].format(n=len(positions)) + "<br><span style='font-size:11px;color:#555'>"
              + t["pca_labels"].format(k=min(PCA_LABELS, len(positions))) + "</span>")
+    if note:
+        title += SUBTITLE.format(note)
     lay = layout(title, uirev,
                  xaxis=dict(title=dict(text=t["pc"].format(k=1, pct=100 * ratio[0])), zeroline=False,
                             showgrid=True, gridcolor="#eee"),
                  yaxis=dict(title=dict(text=t["pc"].format(k=2, pct=100 * ratio[1])), zeroline=False,
                             showgrid=True, gridcolor="#eee"),
                  annotations=[legend_key([[("●", PROMPT_COLOR, t["prompt"]), ("●", GENERATED_COLOR, t["generated"])]])],
-                 margin=dict(l=50, r=20, t=80, b=40))
+                 margin=dict(l=50, r=20, t=80 + (SUBTITLE_PX if note else 0), b=40))
     return figure(data, lay)
+
+
+def _freed(events, seq_id: int, shown: list[int]) -> int:
+    """How many computed positions lost their embedding row to SeqEvent.drop_capture (not recomputed since)."""
+    evs = seq_events(events, seq_id)
+    T, have = context_len(evs), set(shown)
+    out = {int(p) for s in evs if s.capture is not None and "embeddings" in (s.capture.dropped or ())
+           for p in s.capture.positions}
+    return len([p for p in out if p < T and p not in have])
 
 
 def neighbours_chart(neighbours: list[tuple[int, str, float]], token_text: str, lang: str = "en") -> dict:
