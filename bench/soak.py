@@ -74,6 +74,7 @@ class Stats:
     duration: float
     steps: dict = field(default_factory=dict)  # bucket -> [latency s]
     errors: dict = field(default_factory=dict)  # bucket -> count
+    first_steps: list = field(default_factory=list)  # latencies of each page's first step (also in `steps`)
     kinds: Counter = field(default_factory=Counter)
     examples: list = field(default_factory=list)
     samples: list = field(default_factory=list)  # (t, rss bytes or None, sessions or None, kv blocks or None)
@@ -83,12 +84,18 @@ class Stats:
     pages: int = 0
     rss_idle: int | None = None  # before any page opened
     rss_after: int | None = None  # once everything was freed (or the wait ended): what the close gave back
+    healthz_max_s: float = 0.0  # the slowest /healthz answer while the clients were on
+    healthz_failed: int = 0
+    healthz_failure: str = ""
+    cpu_s: float | None = None  # server CPU seconds while the clients were on (per step: is it the load or us?)
 
     def bucket(self, t: float) -> int:
         return max(0, int((t - self.t0) // self.interval))
 
-    def step(self, latency: float) -> None:
+    def step(self, latency: float, first: bool) -> None:
         self.steps.setdefault(self.bucket(time.monotonic()), []).append(latency)
+        if first:  # a page's first step (prefill, every panel's HTML) is every visitor's first impression
+            self.first_steps.append(latency)
 
     def error(self, kind: str, detail: str = "") -> None:
         b = self.bucket(time.monotonic())
@@ -133,6 +140,18 @@ def rss_bytes(pid: int | None) -> int | None:
     except OSError:
         return None
     return None
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time the process has used (/proc/<pid>/stat utime and stime, in clock ticks)."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def pid_listening_on(port: int) -> int | None:
@@ -254,6 +273,7 @@ class Page:
         self.step_waiter: asyncio.Future | None = None
         self.closing = False
         self.sync_pending = False
+        self.steps_done = 0
 
     def set(self, elem_id: str, value) -> None:
         self.values[self.gapp.by_elem[elem_id]] = value
@@ -274,15 +294,16 @@ class Page:
             out = await self.event(fn)
             if fn == hello and out is not None:
                 ticket = out[0] if isinstance(out[0], str) and out[0] else None
-        for fn in self.gapp.triggered(None, "tick"):  # the calculators' timer ticks once after a second
+        # the calculators' timer: its first tick (after a second on the page) stops it once the model is ready
+        for fn in self.gapp.triggered(None, "tick"):
             if self.gapp.deps[fn].get("api_name") == "calc_ready":
                 await self.event(fn)
         if ticket is None:
             self.stats.error("no ticket", "hello returned no socket ticket")
             return
-        host = self.base.split("://", 1)[1]
+        scheme, host = self.base.split("://", 1)
         # a browser sends its page's Origin: the same-host check (app/live.py origin_allowed) is exercised
-        self.ws = await connect(f"ws://{host}/ws/lab?ticket={ticket}", proxy=None, max_size=None,
+        self.ws = await connect(f"{'wss' if scheme == 'https' else 'ws'}://{host}/ws/lab?ticket={ticket}", proxy=None, max_size=None,
                                 origin=self.base, ping_interval=None, open_timeout=GRADIO_TIMEOUT_S)
         self.tasks.append(asyncio.create_task(self._receive()))
         try:
@@ -406,6 +427,7 @@ class Page:
             finally:
                 self.sync_pending = False
 
+        self.tasks = [t for t in self.tasks if not t.done()]  # a long-lived page syncs hundreds of times
         self.tasks.append(asyncio.create_task(run()))
 
     def step_inputs(self) -> dict:
@@ -437,7 +459,8 @@ class Page:
             return None
         if result[0] == "dropped":
             return None
-        self.stats.step(time.monotonic() - t)
+        self.stats.step(time.monotonic() - t, first=self.steps_done == 0)
+        self.steps_done += 1
         return result
 
     async def reset(self) -> None:
@@ -529,9 +552,14 @@ async def sampler(base: str, pid: int | None, stats: Stats, stop: asyncio.Event)
         while True:
             final = stop.is_set()
             sessions = blocks = None
-            with contextlib.suppress(httpx.HTTPError, ValueError):
+            t = time.monotonic()
+            try:
                 h = (await c.get("/healthz")).json()
                 sessions, blocks = h.get("sessions"), h.get("kv_blocks_used")
+                stats.healthz_max_s = max(stats.healthz_max_s, time.monotonic() - t)
+            except (httpx.HTTPError, ValueError) as exc:  # not an error of the page's: reported on its own line
+                stats.healthz_failed += 1
+                stats.healthz_failure = f"{type(exc).__name__} after {time.monotonic() - t:.1f} s"
             # the end-of-run sample counts in the last interval even if it lands just past its edge
             stats.samples.append((min(time.monotonic(), stats.t0 + stats.duration - 1e-3) if final else
                                   time.monotonic(), rss_bytes(pid), sessions, blocks))
@@ -563,6 +591,7 @@ async def soak(base: str, pid: int | None, args) -> tuple[Stats, float | None, d
         gapp = GradioApp((await c.get("/config")).json())
     stats = Stats(t0=time.monotonic(), interval=args.interval, duration=args.minutes * 60)
     stats.rss_idle = rss_bytes(pid)
+    cpu0 = cpu_seconds(pid)
     stop = asyncio.Event()
     # sampled while the clients are on (the table's rows); the close and the freeing are reported apart
     sample_task = asyncio.create_task(sampler(base, pid, stats, stop))
@@ -571,6 +600,9 @@ async def soak(base: str, pid: int | None, args) -> tuple[Stats, float | None, d
         await asyncio.wait_for(stop.wait(), args.minutes * 60)
     stop.set()
     await sample_task
+    cpu1 = cpu_seconds(pid)
+    if cpu0 is not None and cpu1 is not None:
+        stats.cpu_s = cpu1 - cpu0
     # each page finishes its click in flight, then closes (bounded: a stuck step is already an error)
     done, pending = await asyncio.wait(users, timeout=args.step_timeout + 30)
     for t in pending:
@@ -612,6 +644,20 @@ def report(stats: Stats, freed_s: float | None, last: dict, args, server_traceba
           f"{stats.finished}, resets {stats.resets}"
           + (f", latency p50 {percentile(all_lat, .5) * 1000:.0f} ms p95 {percentile(all_lat, .95) * 1000:.0f} ms "
              f"max {max(all_lat) * 1000:.0f} ms" if all_lat else ""))
+    if stats.first_steps:
+        later = list(all_lat)
+        for x in stats.first_steps:
+            later.remove(x)
+        print(f"a page's first step: p50 {percentile(stats.first_steps, .5) * 1000:.0f} ms, p95 "
+              f"{percentile(stats.first_steps, .95) * 1000:.0f} ms ({len(stats.first_steps)} pages); later steps: "
+              + (f"p50 {percentile(later, .5) * 1000:.0f} ms, p95 {percentile(later, .95) * 1000:.0f} ms"
+                 if later else "none"))
+    if stats.cpu_s is not None and all_lat:
+        wall = args.minutes * 60
+        print(f"server CPU: {stats.cpu_s:.0f} s in {wall:.0f} s ({stats.cpu_s / wall:.2f} cores), "
+              f"{stats.cpu_s / len(all_lat):.2f} s per step (page loads, resets and sockets included)")
+    print(f"/healthz while the clients were on: slowest answer {stats.healthz_max_s * 1000:.0f} ms"
+          + (f", {stats.healthz_failed} unanswered ({stats.healthz_failure})" if stats.healthz_failed else ""))
     if stats.rss_idle and stats.rss_after:
         print(f"server RSS: {stats.rss_idle / 2**20:.0f} MB before the first page, {stats.rss_after / 2**20:.0f} MB "
               f"after the close")
@@ -680,8 +726,6 @@ def main(argv: list[str] | None = None) -> int:
     proc, log_path, pid = None, None, args.pid
     if args.url:
         base = args.url.rstrip("/")
-        if pid is None and re.match(r"https?://(127\.0\.0\.1|localhost)(:\d+)?$", base):
-            pid = pid_listening_on(int(base.rsplit(":", 1)[1]) if base.count(":") == 2 else 80)
     else:
         port = args.port or free_port()
         base = f"http://127.0.0.1:{port}"
@@ -692,6 +736,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             t = time.monotonic()
             asyncio.run(wait_ready(base, proc, args.ready_timeout))
+            if pid is None and re.match(r"https?://(127\.0\.0\.1|localhost)(:\d+)?$", base):
+                # looked up once it answers: a server still starting may not listen yet
+                pid = pid_listening_on(int(base.rsplit(":", 1)[1]) if base.count(":") == 2 else 80)
             idle = rss_bytes(pid)
             print(f"server {base} ready after {time.monotonic() - t:.1f} s (pid {pid if pid else 'unknown'}, RSS "
                   f"{f'{idle / 2**20:.0f} MB' if idle else 'n/a'}); {args.clients} clients for {args.minutes:g} min",
