@@ -262,6 +262,8 @@ class Engine:
             num_output_tokens = self._check_position(parent, num_output_tokens)
             params = as_instance("params", params, SamplingParams, optional=True) or parent.params
             params.validate()
+            # as for add_request: a branch the pool can never hold would wait forever
+            self._check_fits(len(parent.prompt_ids), params)
             child = Sequence(self._new_id(), list(parent.prompt_ids), params, arrival=self.clock,
                              output_ids=parent.output_ids[:num_output_tokens], prompt_text=parent.prompt_text,
                              parent_id=seq_id)

@@ -641,3 +641,11 @@ def test_bpe_trace_is_bounded(base_engine):
         worst = max(worst, time.perf_counter() - t)
         assert steps[-1]["ids"] == tok.encode(word, add_special_tokens=False)
     assert worst < 0.5  # measured ~10 ms
+
+
+def test_a_branch_the_pool_cannot_hold_is_refused(base_engine):
+    eng = _small_pool(base_engine, 3)
+    sid = eng.add_request("Hi", greedy(2), chat=False)
+    run_all(eng)
+    refused(lambda: eng.branch(sid, 1, greedy(1000)), "kv_memory")
+    assert len(eng.sequences) == 1 and not eng.has_unfinished()
