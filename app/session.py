@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine import Capture, Engine, SamplingParams, StepEvent
+from engine.model import ATTENTION_BUDGET
 from engine.scheduler import Status
 from engine.tokenizer import bpe_merges, render_prompt, token_info
 
@@ -123,7 +124,9 @@ class LabSession:
         overrides = {} if kv_memory is None else {"kv_memory": kv_memory}
         eng = base.session(**overrides)
         # The lab shows everything: attention of every layer and head, a 5-deep logit lens, norms, embeddings.
-        eng.instrument = Capture(lens_top_k=5, lens_max_positions=16)
+        # Attention is kept within a per-step budget (the last query rows that fit; the charts say so): a long
+        # prompt's prefill would otherwise keep 30 layers x 9 heads x T x T floats (+1.6 GB at 1,400 tokens).
+        eng.instrument = Capture(lens_top_k=5, lens_max_positions=16, max_attention_bytes=ATTENTION_BUDGET)
         return cls(eng)
 
     # ---- requests ---------------------------------------------------------------------------------
@@ -165,16 +168,11 @@ class LabSession:
 
     def _keep_capture_budget(self) -> None:
         """Drop the captures of the oldest events until this tab's captures fit SESSION_CAPTURE_BYTES."""
-        if not hasattr(StepEvent, "capture_nbytes"):  # TEMP until events.py has it
-            return
         total = sum(ev.capture_nbytes() for ev in self.events)
         for ev in self.events[:-1]:  # the newest step keeps its capture: the page is about to draw it
             if total <= SESSION_CAPTURE_BYTES:
                 break
-            held = ev.capture_nbytes()
-            if held:
-                ev.drop_captures()
-                total -= held
+            total -= ev.drop_captures()  # the attention: nearly all of a capture's bytes
 
     def reset(self) -> None:
         with self.lock:

@@ -410,3 +410,22 @@ def test_a_step_that_fails_is_undone_and_the_page_says_so(lab, greedy_ids, monke
     assert s.engine.sequences[s.focus].output_ids == greedy_ids
     s.reset()
     assert s.engine.kv_stats()["used"] == 0
+
+
+# ---- class 6: what a tab keeps of its captures is bounded ---------------------------------------------
+def test_a_tabs_captures_stay_within_its_budget(lab, monkeypatch):
+    h, _, registry = lab
+    r = req("hostile-capture")
+    h.step(*step_args(prompt="Tell me a long story about the Moon and the tides.", max_tokens=12), request=r)
+    s = registry.sessions["hostile-capture"]
+    prefill = s.events[0].capture_nbytes()
+    assert prefill > 0 and s.engine.instrument.max_attention_bytes == session_mod.ATTENTION_BUDGET
+    monkeypatch.setattr(session_mod, "SESSION_CAPTURE_BYTES", prefill // 2)  # the prefill alone is too much
+    for _ in range(4):
+        h.step(*step_args(max_tokens=12), request=r)
+    held = [ev.capture_nbytes() for ev in s.events]
+    assert sum(held[:-1]) <= prefill // 2 and held[-1] > 0  # the newest keeps its capture; older ones gave theirs
+    assert held[0] < prefill  # the prefill's attention went first
+    out = h.view("en", 0, 0, "", None, json.dumps({"ids": ["chart-attention"]}), request=r)
+    assert "il-msg-error" not in message_of(out)
+    s.reset()
