@@ -122,7 +122,7 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
         return FileResponse(plotly_js, media_type="application/javascript")
 
     @app.get("/healthz")
-    def healthz():
+    async def healthz():  # on the event loop: a busy thread pool (20 tabs stepping) stalled it for seconds
         # sessions and KV blocks in use: what an operator (and bench/soak.py) watches for leaks
         return {"ready": holder.ready, "progress": holder.progress, "error": holder.error,
                 "sessions": len(registry.sessions), "max_sessions": registry.max_sessions,

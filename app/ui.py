@@ -519,7 +519,7 @@ def _step_inputs(inputs: dict) -> dict:
     would pass them (numbers as numbers, an empty number box as None)."""
     get = inputs.get
     lang = get("lang") if get("lang") in ("en", "ru") else "en"
-    return {"prompt": str(get("prompt") or ""), "chat": bool(get("chat", True)), "system": str(get("system") or ""),
+    return {"prompt": str(get("prompt") or ""), "chat": get("chat", True) in (True, "true", "True", 1, "1"), "system": str(get("system") or ""),
             "temperature": _number("temperature", get("temperature")), "top_k": _number("top_k", get("top_k")),
             "top_p": _number("top_p", get("top_p")), "min_p": _number("min_p", get("min_p")),
             "rep": _number("repetition penalty", get("rep")), "freq": _number("frequency penalty", get("freq")),
