@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 
 from .charts import attention, detok, embeddings, kv_cache, logits, sampling, speculative, timeline, tokens
 from .charts.common import empty
@@ -69,16 +70,34 @@ def build_payload(s: LabView, lang: str = "en", layer: int = 0, head: int = 0, w
     return payload
 
 
-class _Lazy(dict):
-    """A figure dict that computes a chart only if that chart is wanted."""
+log = logging.getLogger(__name__)
 
-    def __init__(self, only):
+# A replayed trace was written by whoever uploaded it: app/trace.py checks what the charts read at load, and
+# each piece of a replay's page is drawn on its own, so a value no check foresaw costs one chart, not the page.
+DRAW_FAILED = {"en": "This chart cannot be drawn from this trace (a value in it is malformed)",
+               "ru": "Этот график нельзя построить по этой записи (в ней испорчено значение)"}
+
+
+class _Lazy(dict):
+    """A figure dict that computes a chart only if that chart is wanted; `guard` (a replay) draws each
+    chart and HTML piece on its own, a failure becoming a placeholder."""
+
+    def __init__(self, only, guard: bool = False, lang: str = "en"):
         super().__init__()
-        self.only = only
+        self.only, self.guard, self.lang = only, guard, lang
 
     def put(self, cid, make):
         if self.only is None or cid in self.only:
-            self[cid] = make()
+            self[cid] = self.draw(make, lambda: empty("", DRAW_FAILED.get(self.lang, DRAW_FAILED["en"]), cid))
+
+    def draw(self, make, fallback):
+        if not self.guard:
+            return make()
+        try:
+            return make()
+        except Exception:  # noqa: BLE001 - any failure of a chart over an untrusted trace
+            log.warning("a replayed trace's chart failed", exc_info=True)
+            return fallback()
 
 
 def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if, message, message_kind,
@@ -87,8 +106,9 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     head = max(0, min(int(head), s.num_heads - 1))
     events = s.events
     last = events[-1] if events else None
-    figs = _Lazy(only)
-    htmls: dict[str, str] = {"html-pipeline": pipeline.pipeline_html(last, lang)}
+    figs = _Lazy(only, bool(getattr(s, "untrusted", False)), lang)
+    failed = message_html(DRAW_FAILED.get(lang, DRAW_FAILED["en"]), "warn")
+    htmls: dict[str, str] = {"html-pipeline": figs.draw(lambda: pipeline.pipeline_html(last, lang), lambda: "")}
     htmls.update(panel_headers(lang))
     if what_if is None:
         what_if = s.what_if
@@ -116,16 +136,18 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     n_prompt = s.prompt_len(sid)
 
     # 1 · template & tokens
-    htmls["html-template"] = token_panels.template_html(req.text, req.spans, lang)
-    htmls["html-tokens"] = token_panels.token_chips_html(infos, n_prompt, lang)
+    htmls["html-template"] = figs.draw(lambda: token_panels.template_html(req.text, req.spans, lang), lambda: failed)
+    htmls["html-tokens"] = figs.draw(lambda: token_panels.token_chips_html(infos, n_prompt, lang), lambda: failed)
     figs.put("chart-bytes", lambda: tokens.bytes_per_token_chart(infos, n_prompt, lang))
     word = (word or "").strip() or _default_word(req.prompt)
     try:
         summary = {"en": f"How byte-level BPE builds «{word}», merge by merge",
                    "ru": f"Как байтовый BPE собирает «{word}», слияние за слиянием"}[lang if lang == "ru" else "en"]
         # folded by default: the trace is long and would push every other panel down
+        entry = s.bpe(word)  # its ValueError is the message shown below
+        merges = figs.draw(lambda: token_panels.bpe_merges_html(entry, lang), lambda: failed)
         htmls["html-bpe"] = (f'<details class="il-bpe-box"><summary>{html.escape(summary)}</summary>'
-                             f'{token_panels.bpe_merges_html(s.bpe(word), lang)}</details>')
+                             f'{merges}</details>')
     except (ValueError, NotImplementedError) as exc:  # a multi-pre-token word, a non-BPE tokenizer, a replay
         htmls["html-bpe"] = message_html(str(exc), "warn")
 
@@ -143,7 +165,7 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     figs.put("chart-lens", lambda: attention.logit_lens_chart(events, sid, lang, texts=texts, max_positions=16))
 
     # 4 · logits, 5 · sampling
-    _, sev = s.last_seq_event(sid)
+    _, sev = figs.draw(lambda: s.last_seq_event(sid), lambda: (None, None))
     if sev is not None:
         figs.put("chart-logits", lambda: logits.logits_chart(sev.sampling, sev.logit_stats, lang,
                                                    forced_token=sev.new_token if sev.forced else None))
@@ -156,7 +178,7 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     figs.put("chart-perplexity", lambda: logits.perplexity_chart(events, sid, lang))
 
     # 6 · detokenizer & stream
-    htmls["html-stream"] = stream.stream_html(events, sid, lang)
+    htmls["html-stream"] = figs.draw(lambda: stream.stream_html(events, sid, lang), lambda: failed)
     figs.put("chart-detok", lambda: detok.detok_table(events, sid, lang=lang))
 
     # 7 · KV cache, 8 · timeline
@@ -164,7 +186,7 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
         figs.put("chart-kv-pool", lambda: kv_cache.block_pool_chart(last, lang))
         figs.put("chart-kv-tables", lambda: kv_cache.block_tables_chart(last, lang))
         figs.put("chart-kv-memory", lambda: kv_cache.kv_memory_chart(last, lang))
-        htmls["html-kv-formula"] = kv_panel.kv_formula_html(last, lang)
+        htmls["html-kv-formula"] = figs.draw(lambda: kv_panel.kv_formula_html(last, lang), lambda: failed)
     else:
         for cid in ("chart-kv-pool", "chart-kv-tables", "chart-kv-memory"):
             figs.put(cid, lambda: empty("", t("idle", lang), cid))
@@ -179,7 +201,8 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
         figs.put("chart-roofline", lambda: empty("", "measuring this machine…", "chart-roofline"))
 
     # 9 · speculative decoding: the focused sequence's rounds, its latest round, its running stats
-    spec = next((se.spec for ev in reversed(events) for se in ev.seqs if se.seq_id == sid and se.spec), None)
+    spec = figs.draw(lambda: next((se.spec for ev in reversed(events) for se in ev.seqs
+                                   if se.seq_id == sid and se.spec), None), lambda: None)
     figs.put("chart-spec-rounds", lambda: speculative.rounds_timeline(events, sid, lang))
     figs.put("chart-spec-pq", lambda: speculative.pq_chart(spec, lang=lang))
     figs.put("chart-spec-alpha", lambda: speculative.acceptance_chart(spec, lang))

@@ -26,7 +26,9 @@ import os
 import threading
 import time
 import zlib
-from dataclasses import asdict, fields, is_dataclass
+import types
+import typing
+from dataclasses import asdict, fields, is_dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -34,17 +36,33 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.events import EVENT_VERSION, CaptureData, StepEvent
+from engine.events import EVENT_VERSION, CaptureData, SeqEvent, StepEvent
 from engine.tokenizer import token_info
 
 from .render import _default_word, prompt_words
 from .session import LabSession, RequestInfo, last_seq_event
 
 FORMAT = "inferlab-trace"
-VERSION = 1
+VERSION = 2  # 2: a step's KV blocks as packed columns (_pack_blocks); version 1 traces still load
 NEIGHBOURS_K = 10  # what the neighbours chart shows
 MAX_BPE_WORDS = 200  # BPE traces recorded per trace (every word of every prompt, up to this many)
-MAX_TRACE_BYTES = 1 << 30  # refuse larger documents (a gzip bomb would otherwise fill memory)
+# Limits on what a visitor can upload (a public Space): bytes once unpacked, JSON values, nesting. Measured on
+# a real 400-step lab session (MAX_EVENTS; one sequence; the lab's capture budgets, whose 64 MiB a tab left
+# attention on the newest 140 steps, of which the export writes 108): 42 MiB of JSON (32 MiB of it attention,
+# 23 MiB gzipped), 637,000 values, 60 MB as Python objects after json.loads (149 MB at its peak), and
+# load_trace held 161 MB (202 MB at its peak).
+MAX_TRACE_BYTES = 64 << 20  # the decompressed document; a gzip bomb stops here, not at the end of memory
+# json.loads builds a Python object for every value and key: a document of tiny objects ("[{},{},...]") costs
+# ~24x its size. The count of ',' ':' '[' '{' bytes bounds the values and keys, and is counted before parsing;
+# 2 million is 3x the real session above, and at most ~150 MB of the tiniest objects.
+MAX_TRACE_VALUES = 2_000_000
+MAX_TRACE_DEPTH = 32  # the exporter's documents nest 10 deep; the loader's own walks recurse this deep
+# The exporter keeps the newest steps' attention within this many bytes of base64 (older steps' attention is
+# written as dropped, and the replay says so), and leaves out the oldest frames if the document would still
+# pass the limits above (_fit): every trace the lab writes loads.
+MAX_EXPORT_ATTENTION_BYTES = 32 << 20
+MAX_POSITION = 1 << 24  # positions, lengths and counts in a trace (no model here has contexts near it)
+MAX_ARRAY_DIMS = 4
 P16_SCALE = 65535
 # Largest difference between a replayed and a live attention chart value (weights and entropy bits): the p16
 # error plus one unit of the charts' 4-digit rounding (a value near a rounding boundary can land either side).
@@ -76,11 +94,13 @@ def export_trace(lab: "LabSession | ReplaySession", *, attention: str = "p16", w
         eng = lab.engine
         now_view = lab.view_state()
         frames = []
+        written = _attention_written(lab.events, attention)
         for i, ev in enumerate(lab.events):
             last = i == len(lab.events) - 1
             view = dict(now_view if last else lab.views.get(ev.step, now_view))
             if last:
                 view["what_if"] = lab.what_if
+            ev = ev if i in written else _without_attention(ev)
             frames.append({"event": _encode(ev, attention), "view": _encode(view, attention)})
         requests = []
         for sid in sorted(lab.requests):
@@ -105,7 +125,7 @@ def export_trace(lab: "LabSession | ReplaySession", *, attention: str = "p16", w
                 bpe[word] = lab.bpe(word)
             except (ValueError, NotImplementedError) as exc:  # shown as the same message on replay
                 bpe[word] = {"error": str(exc)}
-        return {
+        doc = {
             "format": FORMAT,
             "version": VERSION,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -118,6 +138,57 @@ def export_trace(lab: "LabSession | ReplaySession", *, attention: str = "p16", w
             "neighbours": neighbours,
             "bpe": _encode(bpe, attention),
         }
+        return _fit(doc)
+
+
+def _size(v: Any) -> tuple[int, int]:
+    """(UTF-8 bytes, JSON values as _count_values counts them) of a value as dumps_trace writes it."""
+    text = dumps_trace(v)
+    return len(text.encode("utf-8")), sum(text.count(c) for c in (",", ":", "[", "{"))
+
+
+def _fit(doc: dict) -> dict:
+    """The document within the loader's limits, so that every trace the lab writes loads: the newest frames
+    that fit in 95% of MAX_TRACE_BYTES and MAX_TRACE_VALUES (a 400-step session of one sequence uses two thirds
+    of the bytes and a third of the values; many sequences at once can pass them). "frames_dropped" says how
+    many of the oldest were left out."""
+    frames = doc["frames"]
+    used_bytes, used_values = _size({**doc, "frames": []})
+    room_bytes, room_values = 0.95 * MAX_TRACE_BYTES - used_bytes, 0.95 * MAX_TRACE_VALUES - used_values
+    keep = len(frames)
+    for i in range(len(frames) - 1, -1, -1):
+        b, n = _size(frames[i])
+        room_bytes, room_values = room_bytes - b - 1, room_values - n - 1
+        if room_bytes < 0 or room_values < 0:
+            keep = len(frames) - 1 - i
+            break
+    if keep < len(frames):
+        doc = {**doc, "frames": frames[len(frames) - keep:], "frames_dropped": len(frames) - keep}
+    return doc
+
+
+def _attention_written(events: list, attention: str) -> set[int]:
+    """Indices of the events whose attention the trace holds: the newest whose base64 fits
+    MAX_EXPORT_ATTENTION_BYTES (a long session's decode rows alone would pass MAX_TRACE_BYTES)."""
+    per = 2 if attention == "p16" else 4
+    total, out = 0, set()
+    for i in range(len(events) - 1, -1, -1):
+        numel = sum(int(np.prod(a.shape)) for s in events[i].seqs if s.capture is not None
+                    for a in (s.capture.attention or {}).values())
+        total += (numel * per + 2) // 3 * 4
+        if total > MAX_EXPORT_ATTENTION_BYTES:
+            break
+        out.add(i)
+    return out
+
+
+def _without_attention(ev: StepEvent) -> StepEvent:
+    """A copy of the event whose captures' attention is dropped (the live event is left as it is)."""
+    def strip(cap: CaptureData | None) -> CaptureData | None:
+        if cap is None or not cap.attention:
+            return cap
+        return replace(cap, attention={}, dropped=sorted(set(cap.dropped) | {"attention"}))
+    return replace(ev, seqs=[replace(s, capture=strip(s.capture)) for s in ev.seqs])
 
 
 def dumps_trace(doc: dict) -> str:
@@ -153,6 +224,10 @@ def _encode(v: Any, attention: str) -> Any:
     if isinstance(v, CaptureData):
         out = {f.name: _encode(getattr(v, f.name), attention) for f in fields(v)}
         out["attention"] = {str(k): _pack(_as_numpy(a), attention) for k, a in (v.attention or {}).items()}
+        return out
+    if isinstance(v, StepEvent):
+        out = {f.name: _encode(getattr(v, f.name), attention) for f in fields(v)}
+        out["blocks"] = _pack_blocks(v.blocks) or out["blocks"]
         return out
     if is_dataclass(v) and not isinstance(v, type):
         return {f.name: _encode(getattr(v, f.name), attention) for f in fields(v)}
@@ -196,30 +271,83 @@ def _pack(a: np.ndarray, kind: str | None = None) -> dict:
 _DTYPES = {"p16": "<u2", "f32": "<f4", "i32": "<i4", "i64": "<i8"}
 
 
+_P16_TABLE = np.square(np.arange(1 << 16, dtype=np.float64) / P16_SCALE).astype(np.float32)  # P16_SCALE = 2^16-1
+
+
 def _unpack(d: dict) -> np.ndarray:
-    code, shape = d.get("__ndarray__"), d.get("shape")
-    if code not in _DTYPES:
-        raise ValueError(f"unknown array encoding {code!r}")
-    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+    """The array of a packed record. Its shape must match its data's length before anything is allocated:
+    base64 of n bytes is 4 * ceil(n / 3) characters, so a shape that claims more than the data holds is
+    refused from the string's length alone."""
+    code, shape, data = d.get("__ndarray__"), d.get("shape"), d.get("data", "")
+    if not isinstance(code, str) or code not in _DTYPES:
+        raise ValueError(f"unknown array encoding {str(code)[:20]!r}")
+    if not isinstance(shape, list) or len(shape) > MAX_ARRAY_DIMS or \
+            not all(type(n) is int and 0 <= n <= MAX_TRACE_BYTES for n in shape):
         raise ValueError("an array has a malformed shape")
+    if not isinstance(data, str):
+        raise ValueError("an array's data is not base64")
+    dtype = np.dtype(_DTYPES[code])
+    need = dtype.itemsize * math.prod(shape)
+    if len(data) != (need + 2) // 3 * 4:
+        raise ValueError(f"an array's data ({len(data)} base64 characters) does not fit its shape {shape}")
     try:
-        raw = base64.b64decode(d.get("data", ""), validate=True)
+        raw = base64.b64decode(data, validate=True)
     except (TypeError, ValueError):
         raise ValueError("an array's data is not base64") from None
-    dtype = np.dtype(_DTYPES[code])
-    if len(raw) != dtype.itemsize * math.prod(shape):
-        need = dtype.itemsize * math.prod(shape)
+    if len(raw) != need:
         raise ValueError(f"an array holds {len(raw)} bytes, its shape {shape} needs {need}")
     a = np.frombuffer(raw, dtype=dtype).reshape(shape)
-    if code == "p16":
-        return np.square(a.astype(np.float64) / P16_SCALE).astype(np.float32)
+    if code == "p16":  # a table instead of float64 arithmetic: the same values, no 8-byte temporary
+        return _P16_TABLE[a]
     return a.astype(np.float32 if code == "f32" else np.int64)  # a writeable copy in native byte order
+
+
+BLOCK_STATES = {"u": "used", "c": "cached", "f": "free"}
+_BLOCK_KEYS = ("id", "refcount", "state", "hashed", "owners")
+
+
+def _pack_blocks(blocks: Any) -> dict | None:
+    """A step's BlockManager.block_states() as packed columns instead of a JSON object per block: a 400-step
+    session over the lab's 364-block pool wrote 1.7 million JSON values for them, most of a trace's values.
+    None when the blocks have another shape (they then travel as they are)."""
+    codes = {name: code for code, name in BLOCK_STATES.items()}
+    if not isinstance(blocks, list) or not blocks or not all(
+            isinstance(b, dict) and tuple(b) == _BLOCK_KEYS and b["state"] in codes and isinstance(b["hashed"], bool)
+            and type(b["id"]) is int and type(b["refcount"]) is int and isinstance(b["owners"], list)
+            and all(type(o) is int for o in b["owners"]) for b in blocks):
+        return None
+    ints = lambda xs: _pack(np.array(xs, dtype=np.int64))  # noqa: E731
+    return {"__blocks__": len(blocks), "id": ints([b["id"] for b in blocks]),
+            "refcount": ints([b["refcount"] for b in blocks]), "state": "".join(codes[b["state"]] for b in blocks),
+            "hashed": ints([int(b["hashed"]) for b in blocks]),
+            "owners": ints([o for b in blocks for o in b["owners"]]),
+            "owner_counts": ints([len(b["owners"]) for b in blocks])}
+
+
+def _unpack_blocks(d: dict) -> list[dict]:
+    n = d.get("__blocks__")
+    cols = {k: _unpack(d[k]) if isinstance(d.get(k), dict) else None
+            for k in ("id", "refcount", "hashed", "owners", "owner_counts")}
+    state = d.get("state")
+    if not _is_int(n, 0, MAX_POSITION) or not isinstance(state, str) or len(state) != n or \
+            any(c is None or c.ndim != 1 or not np.issubdtype(c.dtype, np.integer) for c in cols.values()) or \
+            any(len(cols[k]) != n for k in ("id", "refcount", "hashed", "owner_counts")) or \
+            (cols["owner_counts"] < 0).any() or int(cols["owner_counts"].sum()) != len(cols["owners"]) or \
+            not set(state) <= set(BLOCK_STATES):
+        raise ValueError("a step's KV blocks are damaged")
+    owners = cols["owners"].tolist()
+    ends = np.cumsum(cols["owner_counts"]).tolist()
+    return [{"id": i, "refcount": rc, "state": BLOCK_STATES[st], "hashed": bool(h), "owners": owners[e - c:e]}
+            for i, rc, st, h, c, e in zip(cols["id"].tolist(), cols["refcount"].tolist(), state,
+                                          cols["hashed"].tolist(), cols["owner_counts"].tolist(), ends)]
 
 
 def _decode(v: Any) -> Any:
     if isinstance(v, dict):
         if "__ndarray__" in v:
             return _unpack(v)
+        if "__blocks__" in v:
+            return _unpack_blocks(v)
         return {k: _decode(x) for k, x in v.items()}
     if isinstance(v, list):
         return [_decode(x) for x in v]
@@ -237,7 +365,10 @@ def load_trace(data: str | bytes | bytearray | os.PathLike) -> "ReplaySession":
 
 
 def parse_trace(data: str | bytes | bytearray | os.PathLike) -> dict:
-    """The trace document from text/bytes/path, with its format and version checked."""
+    """The trace document from text/bytes/path, with its format and version checked.
+
+    Before json.loads: the size (MAX_TRACE_BYTES, after gunzip) and the number of values (MAX_TRACE_VALUES);
+    json.loads itself refuses NaN/Infinity and non-finite numbers; after it, the nesting (MAX_TRACE_DEPTH)."""
     if isinstance(data, os.PathLike):
         try:
             with open(data, "rb") as fh:
@@ -250,6 +381,7 @@ def parse_trace(data: str | bytes | bytearray | os.PathLike) -> dict:
             data = _gunzip(data)
         if len(data) > MAX_TRACE_BYTES:
             raise TraceError(f"the trace is larger than {MAX_TRACE_BYTES >> 20} MiB")
+        _count_values(data)
         try:
             data = data.decode("utf-8-sig")
         except UnicodeDecodeError:
@@ -258,14 +390,59 @@ def parse_trace(data: str | bytes | bytearray | os.PathLike) -> dict:
         raise TraceError(f"not an InferLab trace: expected text, bytes or a path, got {type(data).__name__}")
     if len(data) > MAX_TRACE_BYTES:
         raise TraceError(f"the trace is larger than {MAX_TRACE_BYTES >> 20} MiB")
+    _count_values(data)
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, parse_constant=_no_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise TraceError(f"not an InferLab trace: the file is not JSON ({exc.msg} at line {exc.lineno}, "
                          f"column {exc.colno})") from None
     except RecursionError:
         raise TraceError("not an InferLab trace: the JSON is nested too deeply") from None
+    except TraceError:
+        raise
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise TraceError(f"not an InferLab trace: {_first_line(exc)}") from None
+    _check_depth(doc)
     return check_trace(doc)
+
+
+def _count_values(data: str | bytes) -> None:
+    """Refuse a document with more than MAX_TRACE_VALUES JSON values and keys, before parsing it: every value
+    but the first follows a ',', ':' or '[', and every key a '{' or ','. Bytes inside strings count too, so
+    this over-counts a little (token texts; base64 has none of the four)."""
+    marks = (",", ":", "[", "{") if isinstance(data, str) else (b",", b":", b"[", b"{")
+    count = 0
+    for m in marks:
+        count += data.count(m)
+        if count > MAX_TRACE_VALUES:
+            raise TraceError(f"the trace has more than {MAX_TRACE_VALUES:,} JSON values (an InferLab trace has "
+                             "far fewer)")
+
+
+def _no_constant(name: str):
+    raise TraceError(f"not an InferLab trace: {name} is not a number a trace holds")
+
+
+def _finite_float(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x):
+        raise TraceError(f"not an InferLab trace: the number {text[:20]} is out of range")
+    return x
+
+
+def _check_depth(doc: Any) -> None:
+    """Refuse nesting deeper than MAX_TRACE_DEPTH (the loader's own walks are recursive): a loop, no recursion."""
+    stack = [(doc, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_TRACE_DEPTH:
+            raise TraceError(f"the trace is nested more than {MAX_TRACE_DEPTH} levels deep")
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
+        stack.extend((x, depth + 1) for x in children if isinstance(x, (dict, list)))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
 def check_trace(doc: Any) -> dict:
@@ -287,16 +464,23 @@ def check_trace(doc: Any) -> dict:
 
 
 def _gunzip(data: bytes) -> bytes:
+    """The unpacked bytes, 1 MiB at a time: a bomb is refused once MAX_TRACE_BYTES are out, having held no more
+    than that (one call with a max_length grows its buffer to twice the limit first)."""
     out = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    chunks, size, tail = [], 0, data
     try:
-        text = out.decompress(data, MAX_TRACE_BYTES + 1)
+        while tail and not out.eof:
+            chunk = out.decompress(tail, 1 << 20)
+            tail = out.unconsumed_tail
+            size += len(chunk)
+            if size > MAX_TRACE_BYTES:
+                raise TraceError(f"the trace is larger than {MAX_TRACE_BYTES >> 20} MiB once unpacked")
+            chunks.append(chunk)
     except zlib.error:
         raise TraceError("the trace's gzip data is damaged") from None
-    if len(text) > MAX_TRACE_BYTES or out.unconsumed_tail:
-        raise TraceError(f"the trace is larger than {MAX_TRACE_BYTES >> 20} MiB once unpacked")
     if not out.eof:
         raise TraceError("the trace's gzip data is damaged or cut short")
-    return text
+    return b"".join(chunks)
 
 
 # ---- replay -------------------------------------------------------------------------------------------
@@ -311,38 +495,20 @@ class ReplaySession:
     `focus` may be set to any sequence that exists at the cursor; it sticks while that sequence exists.
     """
 
+    # A replay draws a document a stranger may have written: render.py draws each of its charts on its own
+    # (one that fails on a value no check here foresaw says so and the others still draw).
+    untrusted = True
+
     def __init__(self, doc: dict):
         doc = check_trace(doc)
+        _check_depth(doc)  # a document handed in directly did not pass parse_trace
         self.doc = doc
-        self.created = doc.get("created")
         try:
-            model = doc["model"]
-            self.model = {"id": str(model["id"]), "device": model.get("device"), "spec": dict(model["spec"])}
-            self._num_layers = int(self.model["spec"]["num_layers"])
-            self._num_heads = int(self.model["spec"]["num_heads"])
-        except (KeyError, TypeError, ValueError):
-            raise TraceError("the trace's model record is damaged "
-                             "(it needs id and spec.num_layers/num_heads)") from None
-        self._requests = {}
-        for i, r in enumerate(_list(doc["requests"], "requests")):
-            try:
-                info = RequestInfo(int(r["seq_id"]), str(r["prompt"]), bool(r["chat"]), r.get("system"),
-                                   str(r["text"]), list(r["spans"]), [int(t) for t in r["token_ids"]])
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise TraceError(f"request {i} of the trace is damaged ({_why(exc)})") from None
-            self._requests[info.seq_id] = info
-        self.request_params = {int(r["seq_id"]): r.get("params") for r in doc["requests"]}
-        self._vocab = _obj(doc["vocab"], "vocab")
-        self._neighbours = _obj(doc["neighbours"], "neighbours")
-        self._bpe = _obj(doc["bpe"], "bpe")
-        self._events: list[StepEvent] = []
-        self._views: list[dict] = []
-        for i, frame in enumerate(_list(doc["frames"], "frames")):
-            try:
-                self._events.append(StepEvent.from_dict(_decode(frame["event"])))
-                self._views.append(self._check_view(_decode(frame["view"])))
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise TraceError(f"frame {i} of the trace is damaged ({_why(exc)})") from None
+            self._load(doc)
+        except TraceError:
+            raise
+        except Exception as exc:  # a hole in the checks below: still one line, and still a TraceError
+            raise TraceError(f"the trace is damaged ({type(exc).__name__}: {_first_line(exc)})") from None
         # the attributes a UI handler touches on a live session
         self.lock = threading.RLock()
         self.sent_html: dict = {}
@@ -352,16 +518,64 @@ class ReplaySession:
         self._chosen: int | None = None
         self.seek(0)
 
+    def _load(self, doc: dict) -> None:
+        created = doc.get("created")
+        self.created = created if isinstance(created, str) else None
+        model = doc["model"]
+        spec = model.get("spec") if isinstance(model, dict) else None
+        if not isinstance(model, dict) or not isinstance(spec, dict) or \
+                not all(_is_int(spec.get(k), 1, 4096) for k in ("num_layers", "num_heads")):
+            raise TraceError("the trace's model record is damaged (it needs id and spec.num_layers/num_heads)")
+        self.model = {"id": str(model.get("id"))[:200], "device": model.get("device"), "spec": dict(spec)}
+        self._num_layers, self._num_heads = spec["num_layers"], spec["num_heads"]
+        self._vocab = _check_vocab(_obj(doc["vocab"], "vocab"))
+        self._neighbours = _check_neighbours(_obj(doc["neighbours"], "neighbours"))
+        self._bpe = _check_bpe(_obj(doc["bpe"], "bpe"))
+        self._requests, self.request_params = {}, {}
+        for i, r in enumerate(_list(doc["requests"], "requests")):
+            info = _check_request(r, f"request {i}")
+            self._requests[info.seq_id] = info
+            self.request_params[info.seq_id] = r.get("params") if isinstance(r.get("params"), dict) else None
+        self._events: list[StepEvent] = []
+        self._views: list[dict] = []
+        for i, frame in enumerate(_list(doc["frames"], "frames")):
+            where = f"frame {i} of the trace"
+            if not isinstance(frame, dict) or not isinstance(frame.get("event"), dict) or \
+                    not isinstance(frame.get("view"), dict):
+                raise TraceError(f"{where} is damaged (it needs an event and a view object)")
+            try:
+                event = _decode(frame["event"])
+                _check_record(event, StepEvent, "event")
+                for j, s in enumerate(event.get("seqs") or []):
+                    if s.get("capture") is not None:
+                        _check_capture(s["capture"], f"event.seqs[{j}].capture", self._num_layers, self._num_heads)
+                self._events.append(StepEvent.from_dict(event))
+                self._views.append(self._check_view(_decode(frame["view"])))
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+                raise TraceError(f"{where} is damaged ({_why(exc)})") from None
+
     def _check_view(self, view: dict) -> dict:
         seqs = {}
+        if not isinstance(view.get("seqs"), dict):
+            raise ValueError("view.seqs must be an object")
         for sid, s in view["seqs"].items():
-            ids = [int(t) for t in s["token_ids"]]
+            if not isinstance(s, dict) or not _int_key(sid):
+                raise ValueError("view.seqs must map sequence ids to objects")
+            ids = s.get("token_ids")
+            if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+                raise ValueError("view.seqs[].token_ids must be a list of integers")
             missing = [t for t in ids if str(t) not in self._vocab]
             if missing:
                 raise ValueError(f"token {missing[0]} is not in the trace's vocab")
-            seqs[int(sid)] = {"token_ids": ids, "prompt_len": int(s["prompt_len"]), "status": str(s["status"])}
-        focus = view.get("focus")
-        return {"focus": None if focus is None else int(focus), "seqs": seqs, "what_if": view.get("what_if")}
+            if not _is_int(s.get("prompt_len"), 0, len(ids)) or not isinstance(s.get("status"), str):
+                raise ValueError("view.seqs[] needs prompt_len (0..len(token_ids)) and status")
+            seqs[int(sid)] = {"token_ids": ids, "prompt_len": s["prompt_len"], "status": s["status"]}
+        focus, what_if = view.get("focus"), view.get("what_if")
+        if focus is not None and not _is_int(focus, 0, MAX_POSITION):
+            raise ValueError("view.focus must be a sequence id or null")
+        if what_if is not None and not isinstance(what_if, dict):
+            raise ValueError("view.what_if must be an object or null")
+        return {"focus": focus, "seqs": seqs, "what_if": what_if}
 
     # ---- the cursor -------------------------------------------------------------------------------
     @property
@@ -487,8 +701,9 @@ class ReplaySession:
 
     def info(self) -> dict:
         """A summary for the page: model, creation time, frames, and the requests with their parameters."""
+        dropped = self.doc.get("frames_dropped")
         return {"model_id": self.model_id, "created": self.created, "num_frames": self.num_frames,
-                "position": self._pos,
+                "position": self._pos, "frames_dropped": dropped if _is_int(dropped, 0, _MAX_INT) else 0,
                 "requests": [{"seq_id": sid, "prompt": r.prompt, "params": self.request_params.get(sid)}
                              for sid, r in sorted(self._requests.items())]}
 
@@ -530,3 +745,179 @@ def _obj(v: Any, name: str) -> dict:
 
 def _why(exc: Exception) -> str:
     return f"missing {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc).splitlines()[0][:200]
+
+
+# ---- checks of a loaded document ----------------------------------------------------------------------
+# What the replay and its charts read is checked once at load, so that a trace a stranger wrote gives one
+# TraceError line instead of an exception later (render.py still draws a replay's charts one by one).
+
+_MAX_INT = 1 << 53  # integers a JSON number holds exactly
+_HINTS = {cls: typing.get_type_hints(cls) for cls in (StepEvent, SeqEvent, CaptureData)}
+_VOCAB_FIELDS = {"id": int, "piece": str, "text": str, "bytes_hex": str, "special": bool, "byte_fallback": bool,
+                 "partial_utf8": bool}
+# SeqEvent counts that index positions: the charts build ranges from them
+_COUNTS = ("chunk_start", "num_processed", "num_cached_tokens", "prompt_len", "num_tokens")
+
+
+def _is_int(v: Any, lo: int = -_MAX_INT, hi: int = _MAX_INT) -> bool:
+    return type(v) is int and lo <= v <= hi
+
+
+def _int_key(k: Any) -> bool:
+    """A JSON object key that to_dict() wrote from an int (sequence ids, layers)."""
+    return isinstance(k, str) and 0 < len(k) <= 16 and k.lstrip("-").isdigit()
+
+
+def _check_vocab(vocab: dict) -> dict:
+    for key, info in vocab.items():
+        if not _int_key(key) or not isinstance(info, dict) or \
+                not all(isinstance(info.get(f), t) and (t is not int or _is_int(info[f]))
+                        for f, t in _VOCAB_FIELDS.items()):
+            raise TraceError(f"the trace's vocab entry {str(key)[:20]!r} is damaged (it needs "
+                             f"{', '.join(_VOCAB_FIELDS)})")
+    return vocab
+
+
+def _check_neighbours(neighbours: dict) -> dict:
+    for key, rows in neighbours.items():
+        if not _int_key(key) or not isinstance(rows, list) or not all(
+                isinstance(r, list) and len(r) == 3 and _is_int(r[0]) and isinstance(r[1], str)
+                and isinstance(r[2], (int, float)) and not isinstance(r[2], bool) for r in rows):
+            raise TraceError(f"the trace's neighbours of token {str(key)[:20]!r} are damaged "
+                             "(each must be [id, text, cosine])")
+    return neighbours
+
+
+def _check_bpe(bpe: dict) -> dict:
+    for word, entry in bpe.items():
+        ok = (isinstance(entry, list) and all(isinstance(x, dict) for x in entry)) or \
+            (isinstance(entry, dict) and isinstance(entry.get("error"), str))
+        if not ok:
+            raise TraceError(f"the trace's BPE record of {str(word)[:40]!r} is damaged")
+    return bpe
+
+
+def _check_request(r: Any, where: str) -> RequestInfo:
+    def bad(what: str) -> TraceError:
+        return TraceError(f"{where} of the trace is damaged ({what})")
+    if not isinstance(r, dict):
+        raise bad("not an object")
+    for key, kind in (("seq_id", int), ("prompt", str), ("chat", bool), ("text", str), ("spans", list),
+                      ("token_ids", list)):
+        if not isinstance(r.get(key), kind) or (kind is int and not _is_int(r[key], 0, MAX_POSITION)):
+            raise bad(f"{key} must be {kind.__name__}" if key in r else f"missing {key!r}")
+    if r.get("system") is not None and not isinstance(r["system"], str):
+        raise bad("system must be text or null")
+    if not all(_is_int(t, 0, _MAX_INT) for t in r["token_ids"]):
+        raise bad("token_ids must be token ids")
+    if not all(isinstance(sp, dict) and _is_int(sp.get("start"), 0, _MAX_INT) and _is_int(sp.get("end"), 0, _MAX_INT)
+               for sp in r["spans"]):
+        raise bad("spans must be objects with integer start and end")
+    return RequestInfo(r["seq_id"], r["prompt"], r["chat"], r.get("system"), r["text"], list(r["spans"]),
+                       list(r["token_ids"]))
+
+
+def _check_record(d: Any, cls: type, path: str) -> None:
+    """Every field of `d` that dataclass `cls` declares has the declared type (missing ones are reported by
+    from_dict); nested records (SeqEvent, CaptureData) are checked the same way."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} must be an object")
+    hints = _HINTS[cls]
+    for f in fields(cls):
+        if f.name in d:
+            _check_value(d[f.name], hints[f.name], f"{path}.{f.name}")
+    if cls is SeqEvent:
+        for name in _COUNTS:
+            if name in d and not _is_int(d[name], 0, MAX_POSITION):
+                raise ValueError(f"{path}.{name} must be 0..{MAX_POSITION}")
+
+
+def _check_value(v: Any, hint: Any, path: str) -> None:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return
+    if origin in (typing.Union, types.UnionType):
+        if v is None and type(None) in args:
+            return
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) != 1:
+            raise ValueError(f"{path}: unsupported field type {hint}")
+        return _check_value(v, rest[0], path)
+    if is_dataclass(hint):
+        return _check_record(v, hint, path)
+    kind = origin or hint
+    ok = {int: lambda: _is_int(v), float: lambda: isinstance(v, (int, float)) and not isinstance(v, bool),
+          str: lambda: isinstance(v, str), bool: lambda: isinstance(v, bool), list: lambda: isinstance(v, list),
+          dict: lambda: isinstance(v, dict)}.get(kind)
+    if ok is None:
+        raise ValueError(f"{path}: unsupported field type {hint}")
+    if not ok():
+        raise ValueError(f"{path} must be {_describe(hint)}")
+    if kind is list and args:
+        for i, x in enumerate(v):
+            _check_value(x, args[0], f"{path}[{i}]")
+    if kind is dict and args:
+        for k, x in v.items():
+            if args[0] is int and not _int_key(k):
+                raise ValueError(f"{path} keys must be integers")
+            _check_value(x, args[1], f"{path}[{k!r:.20}]")
+
+
+def _describe(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list and args:
+        return f"a list of {_describe(args[0])}s"
+    names = {int: "an integer", float: "a number", str: "text", bool: "true/false", list: "a list", dict: "an object"}
+    return names.get(origin or hint, getattr(hint, "__name__", str(hint)))
+
+
+def _check_capture(c: dict, path: str, num_layers: int, num_heads: int) -> None:
+    """Shapes that agree with each other and with the positions: what the attention, lens and PCA charts index."""
+    positions = c.get("positions", [])
+    if not all(0 <= p < MAX_POSITION for p in positions):
+        raise ValueError(f"{path}.positions must be 0..{MAX_POSITION}")
+    for name in ("attention_positions", "lens_positions", "attention_heads"):
+        if not all(0 <= p < MAX_POSITION for p in c.get(name) or ()):
+            raise ValueError(f"{path}.{name} must be 0..{MAX_POSITION}")
+    rows = c.get("attention_positions")
+    rows = positions if rows is None else rows
+    heads = c.get("attention_heads")
+    if heads is not None and not all(h < num_heads for h in heads):
+        raise ValueError(f"{path}.attention_heads must be heads of the model")
+    width = None
+    for key, a in (c.get("attention") or {}).items():
+        where = f"{path}.attention[{key!r:.20}]"
+        if not _int_key(key) or not 0 <= int(key) < num_layers:
+            raise ValueError(f"{where}: layer keys must be layers of the model")
+        _array(a, where, 3, np.floating)
+        h, n, ctx = a.shape
+        if width not in (None, h) or not 1 <= h <= num_heads or (heads is not None and h != len(heads)):
+            raise ValueError(f"{where} has {h} heads")
+        width = h
+        if n != len(rows) or (rows and ctx < max(rows) + 1):
+            raise ValueError(f"{where} has shape {list(a.shape)}; its rows are positions {rows[:1]}..{rows[-1:]}")
+    lens = [c.get("lens_ids"), c.get("lens_probs")]
+    if any(x is not None for x in lens):
+        _array(lens[0], f"{path}.lens_ids", 3, np.integer)
+        _array(lens[1], f"{path}.lens_probs", 3, np.floating)
+        L, P, k = lens[1].shape
+        tokens = c.get("lens_tokens")
+        if lens[0].shape != lens[1].shape or P != len(c.get("lens_positions") or []) or (tokens is not None and (
+                len(tokens) != L or not all(isinstance(r, list) and len(r) == P and all(
+                    isinstance(t, list) and len(t) == k and all(isinstance(x, str) for x in t) for t in r)
+                    for r in tokens))):
+            raise ValueError(f"{path}: the logit lens's arrays, tokens and positions disagree")
+    norms, emb = c.get("residual_norms"), c.get("embeddings")
+    if norms is not None:
+        _array(norms, f"{path}.residual_norms", 2, np.floating)
+        if norms.shape[1] != len(positions):
+            raise ValueError(f"{path}.residual_norms has shape {list(norms.shape)}")
+    if emb is not None:
+        _array(emb, f"{path}.embeddings", 2, np.floating)
+        if emb.shape[0] != len(positions):
+            raise ValueError(f"{path}.embeddings has shape {list(emb.shape)}")
+
+
+def _array(a: Any, where: str, ndim: int, kind: type) -> None:
+    if not isinstance(a, np.ndarray) or a.ndim != ndim or not np.issubdtype(a.dtype, kind):
+        raise ValueError(f"{where} must be a {ndim}-D packed array of {kind.__name__}s")
