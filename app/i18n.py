@@ -56,10 +56,10 @@ UI = {
               "ru": "Токен ведущего (печатается при запуске сервера)"},
     "present": {"en": "Present", "ru": "Вести лекцию"},
     "unpresent": {"en": "Stop presenting", "ru": "Завершить показ"},
-    "lab_full": {"en": "The lab is full right now ({n} visitors, the most this server takes at once). Try again "
-                       "in a minute: places free up as tabs close.",
-                 "ru": "Лаборатория сейчас заполнена ({n} посетителей — больше сервер одновременно не принимает). "
-                       "Попробуйте через минуту: места освобождаются, когда вкладки закрывают."},
+    "lab_full": {"en": "The lab is full right now (this server takes {n} at once). Try again in a minute: places "
+                       "free up as tabs close.",
+                 "ru": "Лаборатория сейчас заполнена (сервер принимает не больше {n} одновременно). Попробуйте "
+                       "через минуту: места освобождаются, когда вкладки закрывают."},
     "no_session": {"en": "This tab has no session on the server (the model was still loading, or the tab was "
                          "idle too long): press Step again.",
                    "ru": "У этой вкладки нет сессии на сервере (модель ещё загружалась или вкладка долго "

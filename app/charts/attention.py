@@ -145,7 +145,8 @@ def context_len(evs: list) -> int:
 
 
 SUBTITLE = "<br><span style='font-size:11px;color:#555'>{}</span>"
-SUBTITLE_PX = 15  # the top margin a subtitle line adds
+SUBTITLE_PX = 24  # the top margin a subtitle line adds (Plotly centres the title's first line in the margin, so
+# the lines below it need about twice their height)
 
 
 def count_text(n: int, lang: str) -> str:
