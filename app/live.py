@@ -29,6 +29,7 @@ from collections import deque
 log = logging.getLogger("inferlab")
 
 MAX_PENDING_EVENTS = 256  # a viewer this far behind gets a resync (the latest frame) instead of the backlog
+MAX_OPEN_SOCKETS = 1000  # lecture viewers and presenter sockets together: a lecture hall, not a flood
 MAX_MESSAGE_CHARS = 64 * 1024  # what a client may send in one websocket message (a Step's inputs are ~2 KB)
 SCRIPTED = object()  # the presenter key of a lecture driven over /ws/present: equal to no tab's key
 
@@ -164,6 +165,7 @@ class Hub:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tabs: dict[str, Channel] = {}  # session key -> that tab's open channel
         self.viewers: set[Channel] = set()
+        self.open_sockets = 0  # viewer and presenter sockets (each holds a task and a frame buffer)
         self.presenter: str | None = None  # session key of the presenting session
         self.latest_frame: str | None = None
         self.frame_count = 0
@@ -240,6 +242,11 @@ class Hub:
             log.warning("websocket from a foreign origin refused: %s", str(headers.get("origin"))[:80])
             await ws.close(code=1008)  # before accept: the browser sees a refused handshake (HTTP 403)
             return
+        if role != "tab" and self.open_sockets >= MAX_OPEN_SOCKETS:  # tabs are bounded by the session cap
+            await ws.accept()
+            await ws.send_text(json.dumps({"type": "error", "error": "too many connections: try again later"}))
+            await ws.close(code=1013)
+            return
         key = self.tab_key(ticket) if role == "tab" else None
         if role == "tab" and key is None:
             await ws.accept()  # accepted only to say why: a closed code alone would leave the page guessing
@@ -268,6 +275,7 @@ class Hub:
             elif self.on_join is not None:  # no frame is current (nobody watched the last steps): build one
                 self.on_join()
         sender = asyncio.create_task(ch.sender())
+        self.open_sockets += role != "tab"
         try:
             while ch.alive:
                 data = await ws.receive_text()
@@ -283,6 +291,7 @@ class Hub:
             ch.alive = False
             ch.wake.set()
             sender.cancel()
+            self.open_sockets -= role != "tab"
             if role == "tab":
                 if self.tabs.get(key) is ch:
                     del self.tabs[key]

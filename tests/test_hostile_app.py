@@ -429,3 +429,22 @@ def test_a_tabs_captures_stay_within_its_budget(lab, monkeypatch):
     out = h.view("en", 0, 0, "", None, json.dumps({"ids": ["chart-attention"]}), request=r)
     assert "il-msg-error" not in message_of(out)
     s.reset()
+
+
+def test_viewer_and_presenter_sockets_are_capped(server, monkeypatch):
+    ws_url, app = server
+    import app.live as live
+    monkeypatch.setattr(live, "MAX_OPEN_SOCKETS", app.state.hub.open_sockets + 2)
+
+    async def go():
+        async with connect(ws_url + "/ws/follow", proxy=None) as a, connect(ws_url + "/ws/present", proxy=None) as b:
+            assert (await _recv(a, 10))["type"] == "hello"
+            async with connect(ws_url + "/ws/follow", proxy=None) as c:
+                refused = await _recv(c, 10)
+            await b.send(json.dumps({"op": "step"}))
+            still = await _recv(b, 10)
+        return refused, still
+
+    refused, still = asyncio.run(go())
+    assert refused["type"] == "error" and "too many connections" in refused["error"]
+    assert still["type"] == "error" and "authenticate" in still["error"]  # the open ones carry on
