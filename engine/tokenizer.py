@@ -44,6 +44,9 @@ _REPLACEMENT = "\ufffd"
 # that treats the first token of a sequence specially (SentencePiece strips its leading space), and
 # small enough to keep every push O(window).
 _SEED_IDS = 5
+# How far back past those the seed may reach to start on a character's first byte (a character is at
+# most 4 bytes, so 4 non-empty tokens always suffice; a little slack for empty ones).
+_SEED_BACK = 8
 # The window buffer is compacted once this many ids lie before the prefix offset.
 _COMPACT_AT = 64
 # Text limits checked before any tokenizer work (a prompt this long is far beyond every model's context anyway;
@@ -484,11 +487,14 @@ class IncrementalDetokenizer:
 
     Without stop strings, "".join(step.emitted) + finish() == tok.decode(output_ids,
     skip_special_tokens=...) when prompt_ids is empty. With prompt_ids the prompt's last ids are
-    decoding context: for byte-level BPE that changes nothing, for SentencePiece the first token keeps
-    its leading space, as in decode(prompt + output). One known gap, SentencePiece only: its
-    ByteFallback decoder turns a whole run of <0xNN> tokens into one U+FFFD per byte when the run is
-    not valid UTF-8, so an invalid byte can retroactively spoil characters already streamed (vLLM
-    streams them too); valid output, and byte-level BPE in all cases, match exactly.
+    decoding context, taken so that the window starts on a character's first byte: the text is then
+    what decode(prompt + output) adds to decode(prompt), for byte-level BPE exactly decode(output), for
+    SentencePiece the same except that the first token keeps its leading space. A prompt that ends
+    inside a character gives no context: the output reads decode(output) (its leading orphaned bytes
+    as U+FFFD). One known gap, SentencePiece only: its ByteFallback decoder turns a whole run of
+    <0xNN> tokens into one U+FFFD per byte when the run is not valid UTF-8, so an invalid byte can
+    retroactively spoil characters already streamed (vLLM streams them too); a run that is invalid
+    from its start is matched, and valid output, and byte-level BPE in all cases, match exactly.
 
     Stop strings: the first stop to complete in the text ends the stream (ties go to the longer
     one); the text before it is released and nothing from the stop on ever is. The longest suffix
@@ -514,9 +520,7 @@ class IncrementalDetokenizer:
         self._finished = False
         self.stop: str | None = None  # the stop string that ended the stream, if any
 
-        seed = [int(i) for i in prompt_ids if not self._skipped(int(i))][-_SEED_IDS:]
-        if _incomplete_tail(b"".join(self._table.token_bytes(i) for i in seed)):
-            seed = []  # a prompt cut mid-character would garble the first output; decode without it
+        seed = self._seed([int(i) for i in prompt_ids if not self._skipped(int(i))])
         self._ids: list[int] = seed
         self._prefix = 0
         self._read = len(seed)
@@ -526,6 +530,54 @@ class IncrementalDetokenizer:
 
     def _skipped(self, token_id: int) -> bool:
         return self._skip and token_id in self._table.skip_ids
+
+    def _starts_inside_char(self, ids: Sequence[int]) -> bool:
+        """True when the bytes of `ids` begin with a UTF-8 continuation byte (10xxxxxx), i.e. a window
+        starting there would open in the middle of a character."""
+        for i in ids:
+            data = self._table.token_bytes(i)
+            if data:
+                return 0x80 <= data[0] <= 0xBF
+        return False
+
+    def _seed(self, ids: list[int]) -> list[int]:
+        """The prompt ids that start the window: about the last _SEED_IDS, beginning on a character.
+
+        A window that opens inside a character decodes its orphaned bytes as U+FFFD. For byte-level BPE
+        that only shifts the comparison text, but SentencePiece's ByteFallback decoder turns a whole
+        run of <0xNN> tokens into one U+FFFD per byte as soon as any byte of the run is invalid, so
+        the orphans would spoil the output characters that continue the run (CJK, Burmese...)."""
+        if not ids or _incomplete_tail(b"".join(self._table.token_bytes(i) for i in ids[-_SEED_IDS:])):
+            # The prompt ends mid-character, so the character straddles prompt and output: no window
+            # over the prompt decodes the output's share of it the way decode(output) does, so the
+            # output is decoded alone (its leading orphaned bytes render as U+FFFD, as decode does).
+            return []
+        start = max(0, len(ids) - _SEED_IDS)
+        # A character is at most 4 bytes and every token but an empty one carries at least one, so a
+        # few steps back find its first byte; empty tokens could in theory defeat this, hence the
+        # fallback of moving forward (less context, still a clean start).
+        s = start
+        while s > 0 and start - s < _SEED_BACK and self._starts_inside_char(ids[s:]):
+            s -= 1
+        if self._starts_inside_char(ids[s:]):
+            s = start
+            while s < len(ids) and self._starts_inside_char(ids[s:]):
+                s += 1
+        return ids[s:]
+
+    def _keep_prefix(self, new_prefix: int, delta: str) -> bool:
+        """Whether the window must keep its start rather than move it to `new_prefix`.
+
+        ByteFallback decodes a run of <0xNN> tokens as a whole: once the run has gone invalid (U+FFFD in
+        what it produced) every later byte of it is U+FFFD too, as a full decode renders it. A window
+        opening inside such a run would see only the tail, possibly valid, and disagree; so it stays
+        at its start until the run ends (bounded, so a long garbage run cannot make push O(n))."""
+        if self._table.kind != "sentencepiece" or _REPLACEMENT not in delta or new_prefix <= 0:
+            return False
+        if new_prefix >= len(self._ids) or len(self._ids) - self._prefix > _COMPACT_AT:
+            return False
+        fallback = self._table.fallback
+        return self._ids[new_prefix - 1] in fallback and self._ids[new_prefix] in fallback
 
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=self._skip) if ids else ""
@@ -613,7 +665,9 @@ class IncrementalDetokenizer:
             if not (tail and new_text.endswith(_REPLACEMENT)) and len(new_text) > len(self._prefix_text):
                 tail = b""
                 delta = new_text[len(self._prefix_text) :]
-                self._prefix, self._read = self._read, len(self._ids)
+                if not self._keep_prefix(self._read, delta):
+                    self._prefix = self._read
+                self._read = len(self._ids)
                 if self._prefix >= _COMPACT_AT:  # keep the buffer (and push) O(window)
                     del self._ids[: self._prefix]
                     self._read -= self._prefix
