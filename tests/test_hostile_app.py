@@ -448,3 +448,15 @@ def test_viewer_and_presenter_sockets_are_capped(server, monkeypatch):
     refused, still = asyncio.run(go())
     assert refused["type"] == "error" and "too many connections" in refused["error"]
     assert still["type"] == "error" and "authenticate" in still["error"]  # the open ones carry on
+
+
+def test_page_loads_without_a_session_cannot_grow_the_ticket_table(lab, monkeypatch):
+    _, _, registry = lab
+    monkeypatch.setattr(session_mod, "MAX_TICKETS", 40)
+    registry.get("ticket-owner")
+    live_ticket = registry.ticket("ticket-owner")  # a tab with a session keeps its ticket
+    for i in range(200):
+        registry.ticket(f"page-load-{i}")
+    assert len(registry._tickets) <= 40
+    assert registry.key_for_ticket(live_ticket) == "ticket-owner"
+    registry.drop("ticket-owner")
