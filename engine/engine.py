@@ -5,7 +5,12 @@
     event = eng.step()          # one prefill or decode step of every scheduled sequence
 
 `generate` and `stream` are loops over `step()` without instrumentation. The engine owns one KV pool; several
-engines (one per browser tab) can share one loaded model through `Engine.session()`.
+engines can share one loaded model through `Engine.session()`.
+
+Owners: a request may name who asked for it (`owner=`: a browser tab, the lecture, an API client), so one engine
+can serve a room. `step(owners={...})` then runs only those owners' sequences, batched together; everyone
+else's are held (they keep their KV blocks and their place in the queue). `seq_view` is the read-only face of a
+sequence that callers get; they never need the Sequence objects themselves.
 
 A request may speculate (`speculative=SpeculativeConfig(...)`): its decode steps become rounds in which a drafter
 proposes k tokens and the target verifies them in the same forward as the other sequences' steps (see
@@ -19,7 +24,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -41,6 +46,35 @@ MAX_NUM_SEQS = 1024  # a draft model's KV pool is sized by it, so it must stay a
 MAX_NEAREST_K = 1000  # nearest_tokens answers are cached; k bounds what one answer may hold
 MAX_SOURCE_CHARS = 4096  # a model source is a name or a path
 _SETTINGS = ("kv_memory", "block_size", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching")
+
+
+@dataclass(frozen=True)
+class SeqView:
+    """A sequence as callers see it: a frozen copy of its public state (taking one costs a list copy)."""
+
+    seq_id: int
+    owner: str
+    status: str  # "waiting", "running" or "finished"
+    finish_reason: str | None
+    params: SamplingParams
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    prompt_text: str
+    num_computed: int  # tokens whose K/V are in the pool
+    num_blocks: int  # KV blocks its table holds now
+    preemptions: int
+    parent_id: int | None
+    speculative: bool
+    has_sampled: bool  # a traced step sampled its last token: what_if can recompute that chain
+    forced_token: int | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.prompt_ids + self.output_ids
 
 
 @dataclass
@@ -158,15 +192,16 @@ class Engine:
 
     def add_request(self, prompt: str | None = None, params: SamplingParams | None = None, chat: bool = True,
                     system: str | None = None, prompt_ids: list[int] | None = None,
-                    speculative: SpeculativeConfig | None = None) -> int:
-        return self._add(self._prepare(prompt, params, chat, system, prompt_ids, speculative))
+                    speculative: SpeculativeConfig | None = None, owner: str = "") -> int:
+        return self._add(self._prepare(prompt, params, chat, system, prompt_ids, speculative, owner))
 
-    def _prepare(self, prompt, params, chat, system, prompt_ids, speculative) -> tuple:
+    def _prepare(self, prompt, params, chat, system, prompt_ids, speculative, owner="") -> tuple:
         """Check a request's arguments (cheap checks first, then tokenizing, then a drafter that may load a
         model) and return what `_add` needs; nothing in the engine changes."""
         params = as_instance("params", params, SamplingParams, optional=True) or SamplingParams()
         params.validate()
         chat = as_bool("chat", chat)
+        owner = as_text("owner", owner, 128)
         speculative = as_instance("speculative", speculative, SpeculativeConfig, optional=True)
         if speculative is not None:
             speculative.validate()
@@ -181,12 +216,12 @@ class Engine:
         drafter = None
         if speculative is not None:
             drafter = spec_mod.make_drafter(self, speculative)  # model-dependent checks: exit layer, tokenizer
-        return prompt_ids, text, params, speculative, drafter
+        return prompt_ids, text, params, speculative, drafter, owner
 
     def _add(self, prepared: tuple) -> int:
-        prompt_ids, text, params, speculative, drafter = prepared
+        prompt_ids, text, params, speculative, drafter, owner = prepared
         with self._lock:
-            seq = Sequence(self._new_id(), prompt_ids, params, arrival=self.clock, prompt_text=text)
+            seq = Sequence(self._new_id(), prompt_ids, params, arrival=self.clock, prompt_text=text, owner=owner)
             if speculative is not None:
                 seq.spec = SpecState(speculative, drafter, k=speculative.num_tokens)
                 seq.spec_k = self._spec_k(seq)
@@ -266,7 +301,7 @@ class Engine:
             self._check_fits(len(parent.prompt_ids), params)
             child = Sequence(self._new_id(), list(parent.prompt_ids), params, arrival=self.clock,
                              output_ids=parent.output_ids[:num_output_tokens], prompt_text=parent.prompt_text,
-                             parent_id=seq_id)
+                             parent_id=seq_id, owner=parent.owner)
             if parent.spec is not None:  # the branch speculates the same way, with statistics of its own
                 cfg = parent.spec.config
                 child.spec = SpecState(cfg, parent.spec.drafter, k=cfg.num_tokens)
@@ -291,8 +326,60 @@ class Engine:
             raise ValueError(f"seq_id {seq_id!r} is not a sequence of this engine")
         return self.sequences[seq_id]
 
-    def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+    def has_unfinished(self, owner: str | None = None) -> bool:
+        """Whether any sequence (of `owner`, when given) still waits or runs."""
+        if owner is None:
+            return self.scheduler.has_work()
+        with self._lock:
+            return any(s.owner == owner for s in (*self.scheduler.waiting, *self.scheduler.running))
+
+    # ---- the public face of sequences --------------------------------------------------------------------
+    def seq_view(self, seq_id: int) -> SeqView:
+        with self._lock:
+            seq = self._get(seq_id)
+            return SeqView(
+                seq_id=seq.seq_id, owner=seq.owner, status=seq.status.value, finish_reason=seq.finish_reason,
+                params=seq.params, prompt_ids=tuple(seq.prompt_ids), output_ids=tuple(seq.output_ids),
+                prompt_text=seq.prompt_text, num_computed=seq.num_computed,
+                num_blocks=len(self.blocks.block_tables.get(seq.seq_id, ())), preemptions=seq.preemptions,
+                parent_id=seq.parent_id, speculative=seq.spec is not None, has_sampled=seq.last_sampling is not None,
+                forced_token=seq.forced_token)
+
+    def seq_ids(self, owner: str | None = None) -> list[int]:
+        """Every sequence the engine keeps (of `owner`, when given), finished ones included, oldest first."""
+        with self._lock:
+            return [sid for sid, s in self.sequences.items() if owner is None or s.owner == owner]
+
+    def queue_position(self, seq_id: int) -> int | None:
+        """How many waiting requests are ahead of this one (None: it is not waiting)."""
+        with self._lock:
+            seq = self._get(seq_id)
+            waiting = list(self.scheduler.waiting)
+            return waiting.index(seq) if seq in waiting else None
+
+    def set_params(self, seq_id: int, params: SamplingParams) -> None:
+        """New sampling parameters for an unfinished sequence, from its next sampled token on."""
+        params = as_instance("params", params, SamplingParams)
+        params.validate()
+        with self._lock:
+            seq = self._get(seq_id)
+            if seq.status is Status.FINISHED:
+                raise ValueError(f"sequence {seq_id} has finished; its parameters can no longer change")
+            self._check_fits(len(seq.prompt_ids), params)
+            seq.params = params
+
+    def release(self, seq_ids: Iterable[int]) -> None:
+        """Abort these sequences if they still run and forget them: their blocks go back to the pool (prefix
+        blocks stay cached) and nothing of them is kept. An engine serving a room calls this when a tab closes."""
+        ids = [as_int("seq_id", sid) for sid in seq_ids]
+        with self._lock:
+            for sid in ids:
+                seq = self.sequences.get(sid)
+                if seq is None:
+                    continue
+                if seq.status is not Status.FINISHED:
+                    self._finish(seq, "abort")
+                del self.sequences[sid]
 
     @compute.routed
     def what_if(self, seq_id: int, params: SamplingParams, top_n: int = 20) -> dict:
@@ -349,21 +436,24 @@ class Engine:
         return token_bytes(self.tokenizer, token_id).decode("utf-8", errors="replace")
 
     # ---- the step ---------------------------------------------------------------------------------
-    def step(self, trace: bool = True) -> StepEvent:
+    def step(self, trace: bool = True, owners: Iterable[str] | None = None) -> StepEvent:
         """One scheduler step. `trace` keeps the sampling chain of every sampled token in the event.
+        `owners`: only these owners' sequences take part (None: everyone's); the others are held.
 
         Atomic: if anything in it raises, the engine is put back exactly as before the step and StepFailed
         (chaining the cause) says so."""
-        return self._locked_step(as_bool("trace", trace), self.instrument)
+        if owners is not None:
+            owners = frozenset(as_text("owner", o, 128) for o in owners)
+        return self._locked_step(as_bool("trace", trace), self.instrument, owners)
 
     @compute.routed
-    def _locked_step(self, trace: bool, capture: Capture | None) -> StepEvent:
+    def _locked_step(self, trace: bool, capture: Capture | None, owners: frozenset | None = None) -> StepEvent:
         # tensor work runs on the one compute thread (engine/compute.py), and the engine's lock is taken there
         # too: a caller holding it while waiting for the compute thread could deadlock with a routed rewind
         with self._lock:
             ck = self._checkpoint()
             try:
-                event = self._step(trace=trace, capture=capture)
+                event = self._step(trace=trace, capture=capture, owners=owners)
             except BaseException as exc:
                 self._restore(ck)
                 if not isinstance(exc, Exception):  # KeyboardInterrupt and the like: undone, and passed on as is
@@ -395,9 +485,9 @@ class Engine:
         for d in self._drafters.values():
             d.commit()
 
-    def _step(self, trace: bool, capture: Capture | None) -> StepEvent:
+    def _step(self, trace: bool, capture: Capture | None, owners: frozenset | None = None) -> StepEvent:
         t0 = time.perf_counter()
-        out = self.scheduler.schedule()
+        out = self.scheduler.schedule(None if owners is None else (lambda seq: seq.owner in owners))
         plan = out.scheduled
         for sid in out.preempted:
             self._spec_forget(self.sequences[sid])
@@ -694,8 +784,15 @@ class Engine:
             m.weight_bytes_per_step if inputs else 0, m.params_per_token, m.head.numel, self.kv_bytes_per_token,
             [(s.start_pos, len(s.token_ids), s.logits_rows) for s in inputs],
             self.spec.num_layers, self.spec.num_heads, self.spec.head_dim)
+        named = {*self.blocks.block_tables, *(s.seq_id for s in self.scheduler.waiting), *(e.seq_id for e in seq_events),
+                 *preempted, *finished}
+        owners = {sid: self.sequences[sid].owner for sid in sorted(named) if sid in self.sequences}
+        batch = [{"seq_id": e.seq_id, "owner": owners.get(e.seq_id, ""), "phase": e.phase,
+                  "num_processed": e.num_processed, "num_drafted": (e.spec or {}).get("num_drafted", 0),
+                  "num_emitted": (e.spec or {}).get("num_emitted", 1 if e.new_token is not None else 0)}
+                 for e in seq_events]
         return StepEvent(
-            step=self.step_index, seqs=seq_events,
+            step=self.step_index, seqs=seq_events, owners=owners, batch=batch,
             admitted=[p.seq.seq_id for p in plan if p.admitted], preempted=list(preempted), finished=finished,
             waiting=[s.seq_id for s in self.scheduler.waiting], running=[s.seq_id for s in self.scheduler.running],
             kv=self.kv_stats(), blocks=self.blocks.block_states(),

@@ -7,7 +7,7 @@ its sampling trace, the bytes the detokenizer released, the block tables after t
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -241,6 +241,11 @@ class StepEvent:
     cost: dict  # metrics.step_cost(): bytes moved, FLOPs, intensity, tokens
     model: dict = field(default_factory=dict)  # model id and spec, filled on every event for replay
     version: int = EVENT_VERSION
+    # An engine serving several owners: the owner of every sequence this event names (seq id -> owner), and
+    # the whole batch in brief (seq_id, owner, phase, num_processed, num_drafted, num_emitted), which stays
+    # whole in an owner's share (`for_owner`) so a tab sees who else was in its step without their contents.
+    owners: dict[int, str] = field(default_factory=dict)
+    batch: list[dict] = field(default_factory=list)
 
     @property
     def idle(self) -> bool:
@@ -257,6 +262,13 @@ class StepEvent:
         """SeqEvent.drop_capture on every sequence; returns the bytes freed."""
         return sum(s.drop_capture(parts) for s in self.seqs)
 
+    def for_owner(self, owner: str) -> "StepEvent":
+        """This step as one owner may see it: its own sequences' records and block tables in full; of everyone
+        else only ids, owners, the batch in brief and the pool's block states (no tokens, no text)."""
+        mine = {sid for sid, o in self.owners.items() if o == owner}
+        return replace(self, seqs=[s for s in self.seqs if s.seq_id in mine],
+                       block_tables={k: v for k, v in self.block_tables.items() if k in mine})
+
     def to_dict(self) -> dict:
         return jsonable(self.__dict__)
 
@@ -268,6 +280,7 @@ class StepEvent:
         return _build(cls, d, {
             "seqs": lambda seqs: [SeqEvent.from_dict(x) for x in seqs],
             "block_tables": lambda t: {k: list(v) for k, v in _int_keys(t).items()},
+            "owners": lambda o: {k: str(v) for k, v in _int_keys(o).items()},
         })
 
 

@@ -6,12 +6,20 @@ its blocks are freed and it waits at the head of the queue to be recomputed late
 be in the cache then). Waiting requests are admitted in arrival order while the budget and the pool allow;
 a prompt longer than the remaining budget is prefilled in chunks over several steps. Sequences join and
 leave between steps, which is all that "continuous batching" means.
+
+Several owners (browser tabs, the lecture, API clients) may share one scheduler. A step may then be limited to
+the sequences of some owners (`eligible`): the others are held, keeping their blocks and their place. With more
+than one owner in a step, admission takes the owners in turn (each one's queue stays in arrival order), a
+prefill chunk gets at most an equal share of the step's token budget, and preemption takes the newest sequence
+of the owner holding the most blocks, so one tab's long prompt cannot starve the room. With one owner all of
+this is the plain FIFO policy above.
 """
 from __future__ import annotations
 
 import enum
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -48,6 +56,7 @@ class Sequence:
     last_sampling: tuple | None = None  # (logits, prompt_ids, output_ids, u) of the last traced draw
     spec: object = None  # engine.speculative.SpecState when the request speculates
     spec_k: int = 0  # drafts the next decode step may verify (the engine keeps it within max_tokens/context)
+    owner: str = ""  # who asked for it (a tab, the lecture, an API client); "" for a single-user engine
 
     @property
     def token_ids(self) -> list[int]:
@@ -149,44 +158,87 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def schedule(self) -> SchedulerOutput:
+    def _victim(self, scheduled: set[int]) -> Sequence:
+        """Whom to preempt: among running sequences not yet given work this step, the newest one of the owner
+        whose running sequences hold the most blocks (with one owner: simply the newest)."""
+        candidates = [s for s in self.running if s.seq_id not in scheduled]
+        held: dict[str, int] = {}
+        for s in self.running:
+            held[s.owner] = held.get(s.owner, 0) + len(self.blocks.block_tables.get(s.seq_id, ()))
+        greediest = max(held[s.owner] for s in candidates)
+        return [s for s in candidates if held[s.owner] == greediest][-1]
+
+    def _admission_order(self, eligible: Callable[[Sequence], bool]) -> list[Sequence]:
+        """Eligible waiting sequences, owners taken in turn (owners ordered by their oldest waiting request)."""
+        queues: dict[str, list[Sequence]] = {}
+        for seq in self.waiting:
+            if eligible(seq):
+                queues.setdefault(seq.owner, []).append(seq)
+        order, depth = [], 0
+        while True:
+            layer = [q[depth] for q in queues.values() if depth < len(q)]
+            if not layer:
+                return order
+            order.extend(layer)
+            depth += 1
+
+    def _prefill_share(self, active: list[Sequence], arriving: list[Sequence]) -> int:
+        """The most tokens one prefill chunk may take this step: the whole budget with one owner prefilling,
+        an equal share of it with several (at least a block, so every chunk makes progress)."""
+        owners = {s.owner for s in active if s.num_tokens - s.num_computed > 1} | {s.owner for s in arriving}
+        if len(owners) <= 1:
+            return self.max_num_batched_tokens
+        return max(self.blocks.block_size, self.max_num_batched_tokens // len(owners))
+
+    def schedule(self, eligible: Callable[[Sequence], bool] | None = None) -> SchedulerOutput:
+        """Plan one step. `eligible`: which sequences may take part (None: all); the others are held."""
+        eligible = eligible or (lambda seq: True)
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted: list[int] = []
+        active = [s for s in self.running if eligible(s)]
+        arriving = self._admission_order(eligible)
+        share = self._prefill_share(active, arriving)
 
-        # 1. running sequences, oldest first; make room by preempting the newest
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed, budget)
+        # 1. running sequences, oldest first; make room by preempting (see _victim)
+        for seq in active:
+            if budget <= 0:
+                break
+            if seq.status is not Status.RUNNING:
+                continue  # preempted to make room for an older one
+            n = min(seq.num_tokens - seq.num_computed, budget, share)
             # the table may already cover more (a whole prompt is allocated at admission, then chunked)
             target = max(seq.num_computed + n, self.blocks.seq_lens[seq.seq_id])
+            done = {item.seq.seq_id for item in scheduled}
             while not self.blocks.can_append(seq.seq_id, target):
-                victim = self.running[-1]
+                victim = self._victim(done)
                 self._preempt(victim)
                 preempted.append(victim.seq_id)
                 if victim is seq:
                     break
             if seq.status is not Status.RUNNING:
-                break  # it preempted itself: everything after it is gone too
+                continue  # it preempted itself
             self.blocks.append(seq.seq_id, target)
             scheduled.append(ScheduledSeq(seq, n))
             budget -= n
-            i += 1
 
-        # 2. waiting requests in arrival order, while budget, seats and blocks allow
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
-            seq = self.waiting[0]
+        # 2. waiting requests (owners in turn), while budget, seats and blocks allow; held sequences keep
+        #    their seats out of the count: seats bound a step's batch
+        seats = self.max_num_seqs - sum(1 for s in self.running if eligible(s))
+        for seq in arriving:
+            if budget <= 0 or seats <= 0 or preempted:
+                break
             if not self.blocks.can_allocate(seq.token_ids):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.num_cached_tokens = self.blocks.allocate(seq.seq_id, seq.token_ids)
             seq.num_computed = seq.num_cached_tokens
             seq.status = Status.RUNNING
             self.running.append(seq)
-            n = min(seq.num_tokens - seq.num_computed, budget)
+            n = min(seq.num_tokens - seq.num_computed, budget, share)
             scheduled.append(ScheduledSeq(seq, n, admitted=True))
             budget -= n
+            seats -= 1
 
         # 3. speculative lookahead, from what the plain schedule left: leftover budget and truly free blocks
         #    (never evicting a cached prefix), so speculation cannot change whom this step serves or preempts
