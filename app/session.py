@@ -273,6 +273,60 @@ class LabSession:
     def last_seq_event(self, seq_id: int, with_sampling: bool = True):
         return last_seq_event(self.events, seq_id, with_sampling)
 
+    # ---- commands (app/commands.py calls these; they check that the sequence is this tab's) --------------
+    def seq_view(self, seq_id: int):
+        """engine.SeqView of one of this tab's sequences."""
+        if seq_id not in self.requests:
+            raise ValueError(f"sequence {seq_id} is not one of this tab's")
+        return self.engine.seq_view(seq_id)
+
+    def focus_view(self):
+        """SeqView of the focused sequence, or None."""
+        return None if self.focus is None or self.focus not in self.requests else self.seq_view(self.focus)
+
+    def force(self, token_id: int) -> str:
+        """Force the focused sequence's next token; returns the token's text."""
+        if self.focus is None:
+            raise ValueError("start a sequence first (press Step)")
+        with self.lock:
+            self.engine.force_token(self.focus, token_id)
+            return self.engine.token_text(token_id)
+
+    def rewind(self, n: int) -> None:
+        if self.focus is None:
+            raise ValueError("start a sequence first (press Step)")
+        with self.lock:
+            self.engine.rewind(self.focus, n)
+
+    def branch(self, n: int) -> int:
+        """A branch of the focused sequence keeping n generated tokens; it becomes the focus."""
+        if self.focus is None:
+            raise ValueError("start a sequence first (press Step)")
+        with self.lock:
+            parent = self.requests[self.focus]
+            rid = self.engine.branch(self.focus, n)
+            self.requests[rid] = RequestInfo(rid, parent.prompt, parent.chat, parent.system, parent.text,
+                                             parent.spans, parent.token_ids)
+            self.focus = rid
+            return rid
+
+    def what_if_trace(self, params: SamplingParams) -> dict:
+        return self.engine.what_if(self.focus, params)
+
+    def run_steps(self):
+        """Run: step until Pause or nothing is left, yielding after every step that brought something new."""
+        self.running = True
+        try:
+            while self.running and self.has_unfinished():
+                if self.step() is None:
+                    break
+                yield
+        finally:
+            self.running = False
+
+    def pause(self) -> None:
+        self.running = False
+
     def updated_params(self, params: SamplingParams) -> None:
         """New slider values apply to the focused sequence from its next step on."""
         if self.focus is not None and self.focus in self.engine.sequences:
