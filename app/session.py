@@ -327,6 +327,17 @@ class LabSession:
     def pause(self) -> None:
         self.running = False
 
+    def wait_info(self) -> dict | None:
+        """Why the focused sequence did not move, for the page's status line: {"state": "waiting", "ahead": n}
+        (queued behind n requests), {"state": "preempted"} (its KV was taken back; it will be recomputed), or
+        None (it runs, or has finished)."""
+        v = self.focus_view()
+        if v is None or v.status != "waiting":
+            return None
+        if v.preemptions:
+            return {"state": "preempted"}
+        return {"state": "waiting", "ahead": self.engine.queue_position(v.seq_id) or 0}
+
     def updated_params(self, params: SamplingParams) -> None:
         """New slider values apply to the focused sequence from its next step on."""
         if self.focus is not None and self.focus in self.engine.sequences:
