@@ -124,6 +124,28 @@ UI = {
     "download": {"en": "Download", "ru": "Скачать"},
     "export_pick": {"en": "Pick a chart to export.", "ru": "Выберите график для экспорта."},
     "export_done": {"en": "{name} is ready: download it below.", "ru": "{name} готов — скачайте ниже."},
+    # the commands' own messages (app/commands.py)
+    "queued": {"en": "Request #{rid} queued: press Step to watch it join the batch.",
+               "ru": "Запрос №{rid} в очереди: нажмите «Шаг», чтобы он вошёл в батч."},
+    "forced": {"en": "Token {id} ({text}) will be forced at the next step.",
+               "ru": "Токен {id} ({text}) будет навязан на следующем шаге."},
+    "branched": {"en": "Branch #{rid} keeps {n} generated tokens and shares their KV blocks.",
+                 "ru": "Ветка №{rid} сохраняет {n} сгенерированных токенов и делит их KV-блоки."},
+    "rewound": {"en": "Rewound #{sid} to {n} generated tokens; later KV slots were released.",
+                "ru": "Последовательность №{sid} откачена до {n} сгенерированных токенов; дальнейшие слоты KV "
+                      "освобождены."},
+    "no_focus": {"en": "Start a sequence first (press Step).", "ru": "Сначала запустите последовательность («Шаг»)."},
+    "need_token": {"en": "Token id: enter a vocabulary id (click a bar in the logits chart).",
+                   "ru": "Id токена: введите номер из словаря (или щёлкните столбец на графике логитов)."},
+    "need_position": {"en": "Position: enter how many generated tokens to keep.",
+                      "ru": "Позиция: введите, сколько сгенерированных токенов оставить."},
+    "replay_only_live": {"en": "This is a replayed trace (no model loaded): this control needs a live session.",
+                         "ru": "Это воспроизводимая запись (модель не загружена): здесь нужна живая сессия."},
+    "no_lecture": {"en": "Lecture mode is not available in this server.",
+                   "ru": "Режим лекции на этом сервере недоступен."},
+    "waiting": {"en": "waiting: {n} requests ahead of yours", "ru": "ожидание: впереди вашего запроса ещё {n}"},
+    "preempted": {"en": "preempted: the KV pool was full; it will be recomputed",
+                  "ru": "вытеснен: пул KV был полон; запрос будет пересчитан"},
 }
 
 PANELS = [

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import secrets
 import threading
 import time
 from collections import deque
+
+from . import commands as cmd
+from . import protocol
+from .protocol import BOUND, ERROR, EVENT, FRAME, HELLO, OK, PAYLOAD, RESYNC
 
 log = logging.getLogger("inferlab")
 
@@ -122,7 +125,7 @@ class Channel:
         if len(self.messages) >= MAX_PENDING_EVENTS:
             # far behind: drop the backlog; the pending frame (the current state) still arrives
             self.messages.clear()
-            self.messages.append(json.dumps({"type": "resync"}))
+            self.messages.append(protocol.encode(RESYNC))
         self.messages.append(text)
         self.wake.set()
 
@@ -144,9 +147,7 @@ class Channel:
                     await self.ws.send_text(self.messages.popleft())
                 if self.frame is not None and self.alive:
                     frame, self.frame = self.frame, None
-                    text = frame if isinstance(frame, str) else json.dumps(
-                        {"type": "payload", "payload": frame}, allow_nan=False, ensure_ascii=False,
-                        separators=(",", ":"))
+                    text = frame if isinstance(frame, str) else protocol.encode(PAYLOAD, payload=frame)
                     await self.ws.send_text(text)
                     self.frames_sent += 1
         except Exception:  # noqa: BLE001 - the socket closed under us: the receive loop cleans up
@@ -191,27 +192,25 @@ class Hub:
 
     def tab_ready(self, key: str) -> None:
         """The tab's session now exists (made by a Gradio event): its page may send Steps over the socket."""
-        self.send_tab(key, {"type": "bound"})
+        self.send_tab(key, BOUND)
 
-    def send_tab(self, key: str, message: dict) -> bool:
-        """A small ordered message to one tab (not a payload), e.g. a request to sync a Gradio control."""
+    def send_tab(self, key: str, type_: str, **fields) -> bool:
+        """A small ordered message to one tab (not a payload), e.g. that its session exists."""
         ch = self.tabs.get(key)
         if ch is None or not ch.alive or self.loop is None:
             return False
-        self.loop.call_soon_threadsafe(ch.send_message, json.dumps(message, ensure_ascii=False))
+        self.loop.call_soon_threadsafe(ch.send_message, protocol.encode(type_, **fields))
         return True
 
     def broadcast(self, events: list[dict], frame: dict | None) -> None:
         """The presenter's new step events (each delivered) and its chart frame (latest wins)."""
-        texts = [json.dumps({"type": "event", "event": e}, allow_nan=False, ensure_ascii=False) for e in events]
+        texts = [protocol.encode(EVENT, event=e) for e in events]
         frame_text = None
         if frame is not None:
             frame = {**frame, "t": time.time()}  # lab.js skips a payload whose "t" it has already drawn
             with self._lock:
                 self.frame_count += 1
-                frame_text = json.dumps({"type": "frame", "n": self.frame_count, "t": time.time(),
-                                         "payload": frame}, allow_nan=False, ensure_ascii=False,
-                                        separators=(",", ":"))
+                frame_text = protocol.encode(FRAME, n=self.frame_count, t=time.time(), payload=frame)
                 self.latest_frame = frame_text
         if self.loop is None:
             return
@@ -244,13 +243,13 @@ class Hub:
             return
         if role != "tab" and self.open_sockets >= MAX_OPEN_SOCKETS:  # tabs are bounded by the session cap
             await ws.accept()
-            await ws.send_text(json.dumps({"type": "error", "error": "too many connections: try again later"}))
+            await ws.send_text(protocol.encode(ERROR, error="too many connections: try again later"))
             await ws.close(code=1013)
             return
         key = self.tab_key(ticket) if role == "tab" else None
         if role == "tab" and key is None:
             await ws.accept()  # accepted only to say why: a closed code alone would leave the page guessing
-            await ws.send_text(json.dumps({"type": "error", "error": "unknown or expired ticket: reload the page"}))
+            await ws.send_text(protocol.encode(ERROR, error="unknown or expired ticket: reload the page"))
             await ws.close(code=4401)
             return
         await ws.accept()
@@ -265,11 +264,11 @@ class Hub:
             self.tabs[key] = ch
             ch.session_key = key
             if self.tab_has_session(key):  # else the page steps through Gradio until tab_ready says it may
-                ch.send_message(json.dumps({"type": "bound"}))
+                ch.send_message(protocol.encode(BOUND))
         elif role == "viewer":
             self.viewers.add(ch)
-            ch.send_message(json.dumps({"type": "hello", "role": role, "presenting": self.presenter is not None,
-                                        "viewers": self.viewer_count}))
+            ch.send_message(protocol.encode(HELLO, role=role, presenting=self.presenter is not None,
+                                            viewers=self.viewer_count))
             if self.latest_frame is not None:  # a late joiner sees the current state at once
                 ch.offer_frame(self.latest_frame)
             elif self.on_join is not None:  # no frame is current (nobody watched the last steps): build one
@@ -280,8 +279,8 @@ class Hub:
             while ch.alive:
                 data = await ws.receive_text()
                 if len(data) > MAX_MESSAGE_CHARS:
-                    ch.send_message(json.dumps({"type": "error", "error": f"message too long ({len(data)} "
-                                                f"characters; at most {MAX_MESSAGE_CHARS})"}))
+                    ch.send_message(protocol.encode(ERROR, error=f"message too long ({len(data)} characters; "
+                                                                 f"at most {MAX_MESSAGE_CHARS})"))
                     continue
                 if on_message is not None:
                     await on_message(ch, data)
@@ -411,10 +410,8 @@ class PresenterSocket:
 
     async def handle(self, ch: Channel, data: str) -> None:
         try:
-            msg = json.loads(data)
-            if not isinstance(msg, dict):
-                raise ValueError("send a JSON object such as {\"op\": \"step\"}")
-            op = msg.get("op")
+            msg = protocol.decode(data, protocol.PRESENTER_OPS)
+            op = msg["op"]
             if op == "auth":
                 try:
                     self.hub.check_token(msg.get("token"), ch.address)
@@ -422,41 +419,43 @@ class PresenterSocket:
                     ch.wrong_tokens += 1
                     raise
                 ch.role = "presenter"
-                reply = {"type": "ok", "op": "auth"}
+                reply = protocol.encode(OK, op="auth")
             elif ch.role != "presenter":
                 raise ValueError("authenticate first: {\"op\": \"auth\", \"token\": ...}")
             else:
-                reply = await asyncio.to_thread(self._run, op, msg)
+                reply = protocol.encode(OK, op=op, **await asyncio.to_thread(self._run, self.command(msg)))
         except Exception as exc:  # noqa: BLE001 - every failure is a reply, never a dropped socket
-            reply = {"type": "error", "error": str(exc) if isinstance(exc, ValueError) else
-                     f"{type(exc).__name__}: {exc}"}
-        ch.send_message(json.dumps(reply, ensure_ascii=False))
+            reply = protocol.encode(ERROR, error=str(exc) if isinstance(exc, ValueError) else
+                                    f"{type(exc).__name__}: {exc}")
+        ch.send_message(reply)
         if ch.wrong_tokens >= self.MAX_WRONG_TOKENS:
             await asyncio.sleep(0.1)  # let the reply go out, then hang up: the receive loop ends
             await ch.ws.close(code=1008)
 
-    def _run(self, op: str, msg: dict) -> dict:
-        from engine import SamplingParams
+    @staticmethod
+    def command(msg: dict):
+        """The command a script's message asks for (its values checked here, before any work)."""
+        op = msg["op"]
+        if op == "start":
+            from engine import SamplingParams
 
+            raw = msg.get("params") or {}
+            if not isinstance(raw, dict):
+                raise ValueError("params must be an object of SamplingParams fields")
+            return cmd.Add(cmd.Request(msg.get("prompt", ""), bool(msg.get("chat", True)), msg.get("system"),
+                                       SamplingParams(**raw)))
+        if op == "step":
+            count = msg.get("count", 1)
+            if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 1000:
+                raise ValueError("count must be between 1 and 1000")
+            return cmd.Step(count=count)
+        return cmd.Reset()  # the lecture's own session, reset in place (it is no tab's)
+
+    def _run(self, command) -> dict:
+        """Apply `command` to the lecture's session; the reply's fields."""
         s = self.lecture.scripted_session(self.make_session)
-        with s.lock:
-            if op == "start":
-                raw = msg.get("params") or {}
-                if not isinstance(raw, dict):
-                    raise ValueError("params must be an object of SamplingParams fields")
-                params = SamplingParams(**raw)
-                rid = s.add_request(msg.get("prompt", ""), params, bool(msg.get("chat", True)), msg.get("system"))
-                out = {"type": "ok", "op": op, "seq_id": rid}
-            elif op == "step":
-                count = msg.get("count", 1)
-                if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 1000:
-                    raise ValueError("count must be between 1 and 1000")
-                steps = [ev.step for ev in (s.step() for _ in range(count)) if ev is not None]
-                out = {"type": "ok", "op": op, "steps": steps}
-            elif op == "reset":
-                s.reset()
-                out = {"type": "ok", "op": op}
-            else:
-                raise ValueError(f"unknown op {op!r}: use auth, start, step or reset")
+        out = cmd.apply(s, command)
         self.lecture.changed(s)
-        return out
+        if isinstance(command, cmd.Add):
+            return {"seq_id": out.value}
+        return {"steps": out.value} if isinstance(command, cmd.Step) else {}

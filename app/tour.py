@@ -13,6 +13,7 @@ from pathlib import Path
 
 from engine import SamplingParams
 
+from .commands import Add, Request, Reset, Step, apply
 from .session import LabSession
 
 TOUR_PATH = Path(__file__).resolve().parent.parent / "assets" / "tour.json"
@@ -150,40 +151,30 @@ def tour_params(params: SamplingParams | None, max_tokens: int = TOUR_MAX_TOKENS
 
 def apply_action(step: TourStep, session: LabSession, params: SamplingParams | None = None,
                  lang: str = "en") -> str:
-    """Perform the step's action on the session and return a one-line note of what was done."""
+    """Perform the step's action on the session (as commands, app/commands.py) and return a one-line note."""
     tx = NOTES.get(lang, NOTES["en"])
     a = step.action
     t = a["type"]
-    with session.lock:  # one action at a time, even if a Run loop or another click races it
+    with session.lock:  # the whole action at once, even if a Run loop or another click races it
         if t == "none":
             return tx["none"]
         if t in ("start", "add_request"):
             p = tour_params(params, a.get("max_tokens", TOUR_MAX_TOKENS))
             chat = a.get("chat", True)
             if t == "start":
-                session.reset()
-            sid = session.add_request(a["prompt"], p, chat, a.get("system"))
+                apply(session, Reset())  # no registry in the context: this session, reset in place
+            sid = apply(session, Add(Request(a["prompt"], chat, a.get("system"), p), focus=t == "start")).value
             mode = tx["chat"] if chat else tx["plain"]
             if t == "start":
-                session.focus = sid
                 return tx["start"].format(p=a["prompt"], mode=mode, n=p.max_tokens)
             return tx["add"].format(sid=sid, p=a["prompt"], mode=mode)
         if t == "step":
             want = a["count"]
-            done = _run(session, want)
+            done = len(apply(session, Step(count=want)).value)
             if done == 0:
                 return tx["nothing"]
             return tx["step"].format(done=done) if done == want else tx["step_short"].format(done=done, want=want)
         if t == "run_until_done":
-            done = _run(session, RUN_UNTIL_DONE_LIMIT)
+            done = len(apply(session, Step(count=RUN_UNTIL_DONE_LIMIT)).value)
             return tx["run"].format(done=done) if done else tx["nothing"]
     raise ValueError(f"unknown tour action {t!r}")  # load_tour rejects these; a hand-made TourStep may not
-
-
-def _run(session: LabSession, n: int) -> int:
-    done = 0
-    for _ in range(n):
-        if session.step() is None:
-            break
-        done += 1
-    return done

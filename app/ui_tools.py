@@ -1,7 +1,8 @@
 """The page's tools around the lab: trace export/replay, chart export, the whiteboard calculators, the tour.
 
-Each handler goes through LabHandlers (app/ui.py) for the tab's session and for payload delivery, so its
-charts reach the page the same way a step's do; errors become a message on the page, never a traceback.
+Each handler goes through LabHandlers (app/handlers.py) for the tab's session and its Delivery
+(app/delivery.py) for payloads, so its charts reach the page the same way a step's do; errors become a message
+on the page, never a traceback.
 """
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from pathlib import Path
 
 import gradio as gr
 
-from . import calculators as calc
-from . import render
 from engine import SpeculativeConfig
 from engine.speculative import compare_with_plain
 
+from . import calculators as calc
+from . import render
+from .commands import sampling_params
+from .delivery import View
 from .export import chart_file
 from .i18n import t
 from .tour import apply_action, load_tour
@@ -32,9 +35,9 @@ _measuring = threading.Lock()
 
 class ToolHandlers:
     def __init__(self, lab):
-        self.lab = lab  # LabHandlers: sessions, payload delivery, the model holder
+        self.lab = lab  # LabHandlers: sessions, the model holder
+        self.out = lab.delivery  # payloads to the tab's page
         self.tour = load_tour()
-        self.tour_pos: dict[str, int] = {}  # session key -> index of the tour step shown
 
     @staticmethod
     def _key(request) -> str:
@@ -49,14 +52,13 @@ class ToolHandlers:
                     raise ValueError(t("trace_empty", lang))
                 doc = export_trace(s)
             directory = self.lab.registry.downloads(self._key(request)).folder()
-            return str(save_trace(doc, directory)), render.dumps(
-                {"figs": {}, "html": {"html-message": render.message_html(t("trace_saved", lang))}, "t": time.time()})
+            return str(save_trace(doc, directory)), self.out.message(t("trace_saved", lang))
         except Exception as exc:  # noqa: BLE001
-            return None, self.lab._error(exc, lang)
+            return None, self.out.error(exc, lang)
 
     def load_trace(self, file, lang, layer, head, word, npos, visible, request: gr.Request = None):
-        view = (lang, layer, head, word, npos, visible)
         try:
+            view = View.parse(lang, layer, head, word, npos, visible)
             path = getattr(file, "name", file)
             if not path:
                 raise ValueError(t("trace_none", lang))
@@ -68,28 +70,27 @@ class ToolHandlers:
             if self.lab.lecture is not None and self.lab.lecture.is_presenter(key):
                 self.lab.lecture.session = replay  # a lecture can run from a recorded trace
             msg = t("trace_loaded", lang).format(n=replay.num_frames, model=replay.model_id)
-            return self.lab._payload(replay, view, msg)
+            self.out.views.of(key).forget_sent()  # a new session: its page redraws everything
+            return self.out.payload(replay, view, msg)
         except TraceError as exc:
-            return self.lab._error(ValueError(f"{t('trace_bad', lang)}: {exc}"), lang)
+            return self.out.error(ValueError(f"{t('trace_bad', lang)}: {exc}"), lang)
         except Exception as exc:  # noqa: BLE001
-            return self.lab._error(exc, lang)
+            return self.out.error(exc, lang)
 
     def export_chart(self, chart_id, fmt, lang, layer, head, word, npos, request: gr.Request = None):
         try:
             if chart_id not in render.CHART_IDS:
                 raise ValueError(t("export_pick", lang))
             s = self.lab._session(request)
-            npos = None if npos in (None, "") or int(npos) < 0 else int(npos)
+            view = View.parse(lang, layer, head, word, npos)
             with s.lock:
-                p = render.build_payload(s, lang, int(layer or 0), int(head or 0), word or "", npos,
-                                         self.lab.holder.machine, None, None, only={chart_id})
+                p = render.build_payload(s, *view.args, self.lab.holder.machine, None, None, only={chart_id})
             if fmt not in ("png", "html"):
                 raise ValueError("format must be png or html")
             path = chart_file(p["figs"], chart_id, fmt, self.lab.registry.downloads(self._key(request)).folder())
-            return str(path), render.dumps({"figs": {}, "t": time.time(), "html": {
-                "html-message": render.message_html(t("export_done", lang).format(name=path.name))}})
+            return str(path), self.out.message(t("export_done", lang).format(name=path.name))
         except Exception as exc:  # noqa: BLE001
-            return None, self.lab._error(exc, lang)
+            return None, self.out.error(exc, lang)
 
     # ---- speculative decoding ---------------------------------------------------------------------
     def spec_settings(self, on, method, k, exit_layer, adaptive, lang, request: gr.Request = None):
@@ -108,21 +109,21 @@ class ToolHandlers:
                 draft_model=self.lab.holder.source if method == "draft" else None)
             return gr.skip()
         except Exception as exc:  # noqa: BLE001
-            return self.lab._error(exc, lang)
+            return self.out.error(exc, lang)
 
     def spec_measure(self, lang, layer, head, word, npos, visible, request: gr.Request = None):
         """Run the focused request's prompt plain and with the chosen drafter in fresh sessions; tok/s of each."""
-        view = (lang, layer, head, word, npos, visible)
         try:
+            view = View.parse(lang, layer, head, word, npos, visible)
             s = self.lab._session(request)
             if isinstance(s, ReplaySession):
                 raise ValueError(t("tour_replay", lang))
             if s.speculative is None:
                 raise ValueError(t("spec_first", lang))
-            if s.focus is None or s.focus not in s.requests:
+            if s.focus_view() is None:
                 raise ValueError(t("spec_no_prompt", lang))
             req = s.requests[s.focus]
-            params = s.engine.sequences[s.focus].params
+            params = s.focus_view().params
             if not _measuring.acquire(blocking=False):
                 raise ValueError(t("spec_busy", lang))
             try:
@@ -134,9 +135,9 @@ class ToolHandlers:
             msg = t("spec_measured", lang).format(spec=cmp["speculative"]["tok_s"] or 0,
                                                   plain=cmp["plain"]["tok_s"] or 0, x=cmp["speedup"] or 0,
                                                   same=cmp["same_tokens"])
-            return self.lab._payload(s, view, msg)
+            return self.out.payload(s, view, msg)
         except Exception as exc:  # noqa: BLE001
-            return self.lab._error(exc, lang)
+            return self.out.error(exc, lang)
 
     # ---- calculators ------------------------------------------------------------------------------
     def live_preset(self):
@@ -149,9 +150,9 @@ class ToolHandlers:
             p = calc.calculator_payload(model, dtype, context, batch, gpu, alpha, k, draft_cost, lang,
                                         self.live_preset(), self.lab.holder.machine or None)
             p["kind"] = "calc"  # lab.js counts these apart from the lab's own renders (tests wait on those)
-            return self.lab._deliver(p, self._key(request))
+            return self.out.deliver(p, self._key(request))
         except Exception as exc:  # noqa: BLE001
-            return self.lab._error(exc, lang)
+            return self.out.error(exc, lang)
 
     def calc_choices(self, lang, model, gpu):
         """Dropdown choices in the chosen language, with the loaded model and this machine once known."""
@@ -194,28 +195,27 @@ class ToolHandlers:
                   lang, layer, head, word, npos, visible, request: gr.Request = None):
         """delta +1: perform the next step's action and show it; -1: show the previous step again (no undo);
         0: restart the tour."""
-        view = (lang, layer, head, word, npos, visible)
-        key = self._key(request)
         try:
+            view = View.parse(lang, layer, head, word, npos, visible)
             s = self.lab._session(request)
             if isinstance(s, ReplaySession):
                 raise ValueError(t("tour_replay", lang))
-            pos = self.tour_pos.get(key, -1)
-            new = 0 if delta == 0 else max(0, min(len(self.tour) - 1, pos + delta))
+            tab = self.out.views.of(s.tab_key)
+            new = 0 if delta == 0 else max(0, min(len(self.tour) - 1, tab.tour_pos + delta))
             step = self.tour[new]
             note = ""
-            if delta >= 0 and (delta == 0 or new != pos):
-                params = self.lab.params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
-                note = apply_action(step, s, params, lang)
-            self.tour_pos[key] = new
+            if delta >= 0 and (delta == 0 or new != tab.tour_pos):
+                params = sampling_params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
+                note = apply_action(step, s, params, view.lang)
+            tab.tour_pos = new
             box = (f'<div class="il-tour-step"><div class="il-tour-count">{new + 1} / {len(self.tour)}</div>'
-                   f'<h4>{html.escape(step.title[lang])}</h4><p>{html.escape(step.text[lang])}</p>'
+                   f'<h4>{html.escape(step.title[view.lang])}</h4><p>{html.escape(step.text[view.lang])}</p>'
                    f'<p class="il-tour-note">{html.escape(note)}</p></div>')
             # lab.js scrolls to the panel and outlines it (once per click: "at"); lecture viewers follow along
             s.tour = {"panel": step.panel, "index": new, "at": time.time()}
-            out = self.lab._payload_dict(s, view, note)
+            out = self.out.build(s, view, note)
             out["tour"] = s.tour
-            return self.lab._deliver(out, s.tab_key), box
+            return self.out.deliver(out, s.tab_key), box
         except Exception as exc:  # noqa: BLE001
-            return self.lab._error(exc, lang), gr.skip()
+            return self.out.error(exc, lang), gr.skip()
 

@@ -1,9 +1,11 @@
 // Follower view of lecture mode: read-only. Step events arrive in order (a line of text per step); chart frames
 // arrive as the latest state (a slow screen skips frames rather than slowing the lecture) and are drawn by
 // lab.js's render(), the same code the presenter's page uses.
+// Message types and element ids come from app/protocol.py (window.INFERLAB, set by the page's skeleton).
 (function () {
-  const status = document.getElementById("follow-status");
-  const last = document.getElementById("follow-last");
+  const { ids, types } = window.INFERLAB;
+  const status = document.getElementById(ids.follow_status);
+  const last = document.getElementById(ids.follow_last);
   const st = { frames: 0, events: 0, lastStep: -1 };
   window.inferlabFollow = st;
 
@@ -19,9 +21,9 @@
     ws.onopen = () => say("connected · waiting for the presenter", "ok");
     ws.onmessage = (m) => {
       const msg = JSON.parse(m.data);
-      if (msg.type === "hello") {
+      if (msg.type === types.hello) {
         say(msg.presenting ? "live · following the presenter" : "connected · nobody is presenting yet", "ok");
-      } else if (msg.type === "event") {
+      } else if (msg.type === types.event) {
         const ev = msg.event;
         if (ev.reset) { last.textContent = ""; return; }
         st.events += 1;
@@ -30,13 +32,13 @@
           .map((s) => `#${s.seq_id} ${JSON.stringify(s.new_token_text)}`);
         last.textContent = `step ${ev.step}` + (toks.length ? " · " + toks.join(" ") : "");
         say("live · following the presenter", "ok");
-      } else if (msg.type === "frame") {
+      } else if (msg.type === types.frame) {
         st.frames += 1;
         st.frame = msg.n;
         st.frameStep = msg.payload.step;  // the presenter's step this frame shows
         window.inferlab.render(msg.payload);
         document.body.dataset.followFrames = String(st.frames);
-      } else if (msg.type === "resync") {
+      } else if (msg.type === types.resync) {
         say("catching up…", "warn");
       }
     };

@@ -1,6 +1,10 @@
 // InferLab page glue: draws the server's payload into persistent divs with Plotly.react, which keeps each
 // chart's zoom/pan (layout.uirevision) across steps, and wires clicks on charts/tokens to the controls.
+// The element ids, message types and ops come from the server (app/protocol.py) as window.INFERLAB, set once
+// the page has loaded: read them through K() when needed, never at load.
 (function () {
+  const K = () => window.INFERLAB || { ids: {}, types: {}, tabOps: {}, forceCharts: [], stepControls: {},
+                                       viewControls: [] };
   const state = { renders: 0, lastRender: 0, lastPayloadTime: 0, bound: new Set(), timings: {}, renderStart: 0,
                   pending: {}, drawn: {}, stale: {}, ops: {} };
 
@@ -26,26 +30,28 @@
   function bindChartClicks(el) {
     if (state.bound.has(el.id) || !el.on) return;
     state.bound.add(el.id);
-    if (el.id === "chart-logits" || el.id === "chart-sampling") {
+    const ids = K().ids;
+    if (K().forceCharts.includes(el.id)) {
       // click a token's bar: force it at the next step
       el.on("plotly_click", (ev) => {
         const pt = ev.points && ev.points[0];
         const id = pt && (Array.isArray(pt.customdata) ? pt.customdata[0] : pt.customdata);
         if (id === undefined || id === null || isNaN(Number(id))) return;
-        if (setGradioValue("force_id", Number(id))) setTimeout(() => click("force"), 150);
+        if (setGradioValue(ids.force_id, Number(id))) setTimeout(() => click(ids.force), 150);
       });
     }
   }
 
   function bindTokenClicks() {
     // click a generated token chip: rewind to just before it
-    const box = document.getElementById("html-tokens");
+    const ids = K().ids;
+    const box = document.getElementById(ids.tokens);
     if (!box || box.dataset.ilBound) return;
     box.dataset.ilBound = "1";
     box.addEventListener("click", (e) => {
       const chip = e.target.closest("[data-gen-index]");
       if (!chip) return;
-      if (setGradioValue("rewind_n", Number(chip.dataset.genIndex))) setTimeout(() => click("rewind"), 150);
+      if (setGradioValue(ids.rewind_n, Number(chip.dataset.genIndex))) setTimeout(() => click(ids.rewind), 150);
     });
   }
 
@@ -78,9 +84,9 @@
     clearTimeout(syncTimer);
     syncTimer = setTimeout(() => {
       // the server builds only these charts and sends them over this page's websocket (see connect())
-      setGradioValue("visible", JSON.stringify({ ids: [...visible].sort() }));
+      setGradioValue(K().ids.visible, JSON.stringify({ ids: [...visible].sort() }));
       const missing = [...visible].some((id) => state.stale[id]);
-      if (missing) setTimeout(() => click("refresh"), 60);
+      if (missing) setTimeout(() => click(K().ids.refresh), 60);
     }, 80);
   }
   const observer = "IntersectionObserver" in window ? new IntersectionObserver((entries) => {
@@ -91,7 +97,7 @@
     syncVisible();
   }, { rootMargin: "200px" }) : null;
   function observeAll() {
-    document.querySelectorAll(".il-chart").forEach((el) => observe(el));
+    document.querySelectorAll("." + K().ids.chart_class).forEach((el) => observe(el));
   }
   const observed = new Set();
   function observe(el) {
@@ -178,15 +184,15 @@
       const reconnected = state.socket === "closed";
       state.socket = "open";
       syncVisible();
-      if (reconnected) setTimeout(() => click("refresh"), 200);
+      if (reconnected) setTimeout(() => click(K().ids.refresh), 200);
     };
     socket.onmessage = (m) => {
       const msg = JSON.parse(m.data);
-      if (msg.type === "payload") render(msg.payload);
-      else if (msg.type === "bound") state.tied = true;  // our session exists: Steps may take this socket
-      else if (msg.type === "unbound") state.tied = false;  // it has gone: the next Step goes through Gradio
-      else if (msg.type === "sync" && msg.what === "choices") click("sync_choices");
-      else if (msg.type === "error") state.socketError = msg.error;  // e.g. an expired ticket: Gradio carries on
+      const types = K().types;
+      if (msg.type === types.payload) render(msg.payload);
+      else if (msg.type === types.bound) state.tied = true;  // our session exists: commands may take this socket
+      else if (msg.type === types.unbound) state.tied = false;  // it has gone: the next Step goes through Gradio
+      else if (msg.type === types.error) state.socketError = msg.error;  // e.g. an expired ticket: Gradio carries on
     };
     // reconnect with a growing pause: a refused ticket (the tab's session ended) is not hammered
     socket.onclose = () => {
@@ -208,40 +214,48 @@
     const el = kind === "slider" ? root.querySelector("input[type=number]") : root.querySelector("textarea, input");
     return el ? el.value : undefined;
   }
-  const STEP_CONTROLS = { prompt: ["prompt"], chat: ["chat", "check"], system: ["system"],
-    temperature: ["temperature", "slider"], top_k: ["top_k", "slider"], top_p: ["top_p", "slider"],
-    min_p: ["min_p", "slider"], rep: ["repetition_penalty", "slider"], freq: ["frequency_penalty", "slider"],
-    pres: ["presence_penalty", "slider"], seed: ["seed"], max_tokens: ["max_tokens"], stop: ["stop"],
-    lang: ["lang", "radio"], layer: ["layer", "slider"], head: ["head", "slider"], word: ["bpe_word"],
-    npos: ["neighbour_pos"] };
-  function stepInputs() {
+  function controlInputs(names) {
     // charts on screen are built and sent first; those within the observer's margin follow in a second payload
     const ids = [...visible].sort();
     const onScreen = ids.filter((id) => { const el = document.getElementById(id); return el && isVisible(el, 0); });
     const near = ids.filter((id) => !onScreen.includes(id));
     const inputs = { visible: JSON.stringify({ ids: onScreen, near }) };
-    for (const [name, [id, kind]] of Object.entries(STEP_CONTROLS)) {
+    for (const name of names) {
+      const [id, kind] = K().stepControls[name];
       const v = controlValue(id, kind);
       if (v === undefined) return null;
       inputs[name] = v;
     }
     return inputs;
   }
+  function socketReady() { return state.tied && socket && socket.readyState === 1; }
   document.addEventListener("click", (e) => {
-    const btn = e.target && e.target.closest && e.target.closest("#step");
-    if (!btn || !state.tied || !socket || socket.readyState !== 1) return;
-    const inputs = stepInputs();
+    const btn = e.target && e.target.closest && e.target.closest("#" + K().ids.step);
+    if (!btn || !socketReady()) return;
+    const inputs = controlInputs(Object.keys(K().stepControls));
     if (!inputs) return;
     e.preventDefault();
     e.stopImmediatePropagation();  // capture phase on document: Gradio's own handler never sees this click
-    socket.send(JSON.stringify({ op: "step", inputs }));
+    socket.send(JSON.stringify({ op: K().tabOps.step, inputs }));
     state.socketSteps = (state.socketSteps || 0) + 1;
   }, true);
+  // The sequence selector is HTML the server sends with each payload: choosing a sequence sends a Focus
+  // command over the socket (through a hidden Gradio control while the socket is down).
+  document.addEventListener("change", (e) => {
+    const ids = K().ids;
+    if (!e.target || e.target.id !== ids.focus_select) return;
+    const seq = e.target.value;
+    const inputs = controlInputs(K().viewControls);
+    if (socketReady() && inputs) {
+      socket.send(JSON.stringify({ op: K().tabOps.focus, seq, inputs }));
+      state.socketFocus = (state.socketFocus || 0) + 1;
+    } else if (setGradioValue(ids.focus_pick, seq)) setTimeout(() => click(ids.focus_go), 150);
+  });
 
   function showTourPanel(key) {
     // the guided tour: bring the step's panel into view and outline it
     document.querySelectorAll(".il-tour-focus").forEach((el) => el.classList.remove("il-tour-focus"));
-    const el = document.getElementById("panel-" + key);
+    const el = document.getElementById(K().ids.panel_prefix + key);
     if (!el) return;
     el.classList.add("il-tour-focus");
     el.scrollIntoView({ behavior: "smooth", block: "start" });
@@ -250,14 +264,15 @@
   function keyboard(e) {
     // Alt+S: step, Alt+R: run, Alt+P: pause (keyboard-friendly lecturing)
     if (!e.altKey) return;
-    const map = { s: "step", r: "run", p: "pause" };
+    const ids = K().ids;
+    const map = { s: ids.step, r: ids.run, p: ids.pause };
     const target = map[e.key.toLowerCase()];
     if (target) { e.preventDefault(); click(target); }
   }
   document.addEventListener("keydown", keyboard);
   // Gradio renders the page after this script runs: start observing the chart containers once they exist.
   const boot = setInterval(() => {
-    if (document.querySelector(".il-chart")) { observeAll(); clearInterval(boot); }
+    if (window.INFERLAB && document.querySelector("." + K().ids.chart_class)) { observeAll(); clearInterval(boot); }
   }, 200);
 
   window.inferlab = { render, flush, state, visible, connect };

@@ -8,7 +8,7 @@ from app import render
 from app.render import CHART_IDS
 from app.server import ModelHolder
 from app.session import SessionRegistry
-from app.ui import LabHandlers
+from app.handlers import LabHandlers
 
 DEFAULTS = dict(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0, rep=1.0, freq=0.0, pres=0.0, seed=1,
                 max_tokens=24, stop="")

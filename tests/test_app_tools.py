@@ -11,7 +11,7 @@ from app import calculators as calc
 from app.server import ModelHolder
 from app.session import SessionRegistry
 from app.trace import ReplaySession
-from app.ui import LabHandlers
+from app.handlers import LabHandlers
 from app.ui_tools import ToolHandlers
 
 SAMPLING = [0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 24, ""]  # temperature ... stop
@@ -83,10 +83,11 @@ def test_trace_export_then_replay_without_a_model(tools, tmp_path):
         out = json.loads(cold_lab.step("ignored", True, "", *SAMPLING, *VIEW, request=req("viewer")))
     assert replay.position == 3
     # what each page shows (figures and HTML pieces travel only when they change) is the same
-    assert replay.sent_figs["chart-timeline"] == live.sent_figs["chart-timeline"]
+    replay_page, live_page = cold_lab.delivery.views.of("viewer"), lab.delivery.views.of("tools-tab")
+    assert replay_page.sent_figs["chart-timeline"] == live_page.sent_figs["chart-timeline"]
     assert "chart-timeline" in out["figs"]  # the replayed step redrew it
     for key in ("html-stream", "html-tokens"):
-        assert replay.sent_html[key] == live.sent_html[key]
+        assert replay_page.sent_html[key] == live_page.sent_html[key]
     # the controls that would change the past say why they cannot
     msg = json.loads(cold_lab.force(5, *VIEW, request=req("viewer")))["html"]["html-message"]
     assert "replayed trace" in msg

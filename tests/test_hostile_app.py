@@ -21,7 +21,7 @@ from app import session as session_mod
 from app.live import SCRIPTED, TokenGuard, origin_allowed
 from app.server import ModelHolder
 from app.session import LabSession, SessionRegistry
-from app.ui import LabHandlers
+from app.handlers import LabHandlers
 from app.ui_tools import ToolHandlers
 from e2e_util import running_server
 from engine import SamplingParams

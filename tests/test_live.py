@@ -7,7 +7,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from app.live import merge_payloads
-from app.ui import LabHandlers
+from app.handlers import LabHandlers
 from e2e_util import running_server
 
 TOKEN = "test-presenter-token"
@@ -231,8 +231,6 @@ def test_a_tab_steps_over_its_own_socket(server):
             view = json.dumps({"ids": ["chart-logits"], "near": ["chart-sampling"]})
             await ws.send(json.dumps({"op": "step", "inputs": {**STEP_INPUTS, "visible": view}}))
             got = await recv_until(ws, lambda m: m["type"] == "payload" and "chart-sampling" in m["payload"]["figs"])
-            if {"type": "sync", "what": "choices"} not in got:  # sent after the step: may trail the payloads
-                got += await recv_until(ws, lambda m: m["type"] == "sync", timeout=10)
             bad = {**STEP_INPUTS, "temperature": "hot"}
             await ws.send(json.dumps({"op": "step", "inputs": bad}))
             err = (await recv_until(ws, lambda m: m["type"] == "payload"))[-1]["payload"]
@@ -241,9 +239,10 @@ def test_a_tab_steps_over_its_own_socket(server):
     refused, s, before, got, err = asyncio.run(go())
     assert "no session" in refused["html"]["html-message"] and refused["op"] == "step"
     assert len(s.events) == before + 1  # exactly one engine step, on this tab's session
-    assert {"type": "sync", "what": "choices"} in got  # a new sequence: the page refreshes its Gradio dropdown
     payloads = [m["payload"] for m in got if m["type"] == "payload"]
     first = next(p for p in payloads if p.get("op") == "step")
+    # a new sequence: the step's own payload carries the sequence selector (no second round trip)
+    assert f'value="{s.focus}" selected' in first["html"]["html-focus"]
     # on screen: built and sent first; the near chart follows (merged into the same message when the socket's
     # sender had not yet written the first), and is never reported stale
     assert "chart-logits" in first["figs"] and set(first["figs"]) <= {"chart-logits", "chart-sampling"}

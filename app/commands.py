@@ -1,0 +1,312 @@
+"""The lab's commands: one small dataclass per thing that can be done to a session, and one `apply` that does it.
+
+The Gradio buttons, the tab's websocket, the presenter's script socket and the guided tour all build these
+commands and call `apply`, so a Step means the same thing wherever it comes from. Client values are checked
+once, here, when a command is built from them (`request_from`, `sampling_params`, `number`); `apply` then only
+sees typed values. No command reads the engine's sequences: the LabSession methods give what they need.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine import SamplingParams
+
+from .i18n import t
+from .session import MAX_STOP_CHARS, cap_text
+from .trace import ReplaySession
+
+
+# ---- the commands -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    """A new request as the prompt box and the sliders describe it."""
+
+    prompt: str
+    chat: bool
+    system: str | None
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class Step:
+    """`count` engine steps. With a request (the page's Step): nothing running starts it, else its sliders
+    apply to the focused sequence from this step on."""
+
+    request: Request | None = None
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Run:
+    """Step until Pause or until every sequence has finished (see `steps`)."""
+
+    request: Request | None = None
+
+
+@dataclass(frozen=True)
+class Pause:
+    pass
+
+
+@dataclass(frozen=True)
+class Add:
+    """Queue another request; `focus`: show it (the tour's start)."""
+
+    request: Request
+    focus: bool = False
+
+
+@dataclass(frozen=True)
+class Reset:
+    pass
+
+
+@dataclass(frozen=True)
+class Force:
+    token_id: int
+
+
+@dataclass(frozen=True)
+class Rewind:
+    n: int
+
+
+@dataclass(frozen=True)
+class Branch:
+    n: int
+
+
+@dataclass(frozen=True)
+class Focus:
+    seq_id: int
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    params: SamplingParams
+
+
+@dataclass
+class Context:
+    """What a command may need besides the session. With `registry` and `key` (a tab's), Reset gives the tab
+    a fresh session; without them (the tour, the presenter's script) it resets the session in place."""
+
+    lang: str = "en"
+    registry: object = None  # app.session.SessionRegistry
+    key: str | None = None
+    lecture: object = None  # app.live.Lecture: a presenting tab's fresh session goes on the air
+
+
+@dataclass
+class Outcome:
+    session: object  # the session after the command (Reset may make a new one)
+    message: str = ""  # one line for the page, in the context's language
+    value: object = None  # the new sequence's id (Add, Branch), the step numbers taken (Step), a what-if
+    steps: object = None  # Run: an iterator that takes one engine step per item
+    changed: bool = True  # False: nothing to show (a what-if on a replay, or before anything was sampled)
+
+
+# ---- apply ----------------------------------------------------------------------------------------------
+def apply(session, cmd, ctx: Context | None = None) -> Outcome:
+    """Do `cmd` to `session`; ValueError (in ctx.lang where it is ours) when it cannot be done."""
+    ctx = ctx or Context()
+    if isinstance(cmd, Reset):
+        return _reset(session, ctx)
+    if isinstance(cmd, Pause):
+        session.pause()
+        return Outcome(session)
+    if isinstance(cmd, Run):
+        with session.lock:
+            _start_or_update(session, cmd.request)
+        return Outcome(session, steps=session.run_steps())
+    with session.lock:  # one command at a time per session, even if a Run loop or another click races it
+        return _APPLY[type(cmd)](session, cmd, ctx)
+
+
+def _step(s, cmd: Step, ctx: Context) -> Outcome:
+    _start_or_update(s, cmd.request)
+    steps = []
+    for _ in range(cmd.count):
+        event = s.step()
+        if event is None:
+            break
+        steps.append(event.step)
+    return Outcome(s, value=steps)
+
+
+def _add(s, cmd: Add, ctx: Context) -> Outcome:
+    _live(s, ctx)
+    r = cmd.request
+    rid = s.add_request(r.prompt, r.params, r.chat, r.system)
+    if cmd.focus:
+        s.focus = rid
+    return Outcome(s, t("queued", ctx.lang).format(rid=rid), value=rid)
+
+
+def _force(s, cmd: Force, ctx: Context) -> Outcome:
+    _focused(s, ctx)
+    text = s.force(cmd.token_id)
+    return Outcome(s, t("forced", ctx.lang).format(id=cmd.token_id, text=repr(text)))
+
+
+def _rewind(s, cmd: Rewind, ctx: Context) -> Outcome:
+    _focused(s, ctx)
+    s.rewind(cmd.n)
+    return Outcome(s, t("rewound", ctx.lang).format(sid=s.focus, n=cmd.n))
+
+
+def _branch(s, cmd: Branch, ctx: Context) -> Outcome:
+    _focused(s, ctx)
+    rid = s.branch(cmd.n)
+    return Outcome(s, t("branched", ctx.lang).format(rid=rid, n=cmd.n), value=rid)
+
+
+def _focus(s, cmd: Focus, ctx: Context) -> Outcome:
+    if cmd.seq_id in s.requests and cmd.seq_id != s.focus:
+        s.focus, s.what_if = cmd.seq_id, None  # a what-if belongs to the sequence it was made for
+    return Outcome(s)
+
+
+def _what_if(s, cmd: WhatIf, ctx: Context) -> Outcome:
+    """The focused sequence's last sampling chain recomputed for new slider values (no engine step)."""
+    if isinstance(s, ReplaySession):
+        return Outcome(s, changed=False)  # a recorded trace keeps its recorded sampling
+    v = s.focus_view()
+    if v is None or not v.has_sampled:
+        return Outcome(s, changed=False)  # nothing sampled yet: the sliders simply apply to the first step
+    if same_chain(cmd.params, v.params):
+        # the sliders equal what the last step sampled with: a Step (over the websocket, faster than this
+        # event) already applied them, or the user moved a slider back. That is no what-if.
+        s.what_if = None
+        return Outcome(s)
+    s.what_if = s.what_if_trace(cmd.params)
+    return Outcome(s, value=s.what_if)
+
+
+_APPLY = {Step: _step, Add: _add, Force: _force, Rewind: _rewind, Branch: _branch, Focus: _focus,
+          WhatIf: _what_if}
+
+
+def _reset(s, ctx: Context) -> Outcome:
+    if ctx.registry is None or ctx.key is None:
+        with s.lock:
+            s.reset()
+        return Outcome(s)
+    fresh = ctx.registry.renew(ctx.key)
+    if ctx.lecture is not None and ctx.lecture.is_presenter(ctx.key):
+        ctx.lecture.session = fresh  # the viewers follow the fresh session
+    return Outcome(fresh)
+
+
+def _start_or_update(s, request: Request | None) -> None:
+    """Nothing running: the prompt box starts a new request. Otherwise the sliders apply from this step."""
+    if request is None or isinstance(s, ReplaySession):
+        return  # a replay's Step shows the next recorded frame; the controls cannot change the past
+    if not s.has_unfinished():
+        s.add_request(request.prompt, request.params, request.chat, request.system)
+    else:
+        s.updated_params(request.params)
+
+
+def _live(s, ctx: Context) -> None:
+    if isinstance(s, ReplaySession):
+        raise ValueError(t("replay_only_live", ctx.lang))
+
+
+def _focused(s, ctx: Context) -> None:
+    _live(s, ctx)
+    if s.focus is None:
+        raise ValueError(t("no_focus", ctx.lang))
+
+
+CHAIN_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+                "presence_penalty")
+
+
+def same_chain(a: SamplingParams, b: SamplingParams) -> bool:
+    """Whether two parameter sets run the same sampling chain on the same logits (seed, max tokens and stop
+    strings do not change a step's chain)."""
+    return all(getattr(a, f) == getattr(b, f) for f in CHAIN_FIELDS)
+
+
+# ---- building commands from client values ----------------------------------------------------------------
+def number(name: str, value, integer: bool = False, optional: bool = False):
+    """A number from a client value (a text box's string, a slider's number); ValueError naming the control."""
+    if value in (None, "") and optional:
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, not {str(value)[:20]!r}") from None
+    if integer:
+        if not x.is_integer():
+            raise ValueError(f"{name} must be a whole number, not {value}")
+        return int(x)
+    return x
+
+
+def sampling_params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop) -> SamplingParams:
+    """SamplingParams from the sliders and boxes (SamplingParams itself checks the ranges)."""
+    stop = cap_text("stop strings", stop, MAX_STOP_CHARS)
+    stops = tuple(x for x in (stop or "").split(",") if x.strip()) if stop else ()
+    stops = tuple(x.replace("\\n", "\n") for x in stops)
+    seed = None if seed in (None, "") else int(seed)
+    top_k = int(top_k) if top_k is not None and float(top_k).is_integer() else top_k
+    max_tokens = int(max_tokens) if max_tokens is not None and float(max_tokens).is_integer() else max_tokens
+    return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                          min_p=min_p, repetition_penalty=rep, frequency_penalty=freq,
+                          presence_penalty=pres, seed=seed, stop=stops)
+
+
+def request(prompt, chat, system, *sampling) -> Request:
+    """A Request from the prompt box, the chat switch, the system box and the sliders (SAMPLING_FIELDS)."""
+    return Request(prompt, chat, system, sampling_params(*sampling))
+
+
+# the names lab.js sends a Step's control values under (protocol.STEP_INPUTS lists them for the page)
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "rep", "freq", "pres", "seed", "max_tokens", "stop")
+VIEW_FIELDS = ("lang", "layer", "head", "word", "npos", "visible")
+REQUEST_FIELDS = ("prompt", "chat", "system")
+
+
+def socket_inputs(inputs: dict) -> dict:
+    """The values lab.js read off the page's controls, typed as Gradio would pass them (numbers as numbers,
+    an empty number box as None, the chat switch as a bool)."""
+    get = inputs.get
+    return {"prompt": str(get("prompt") or ""), "chat": get("chat", True) in (True, "true", "True", 1, "1"),
+            "system": str(get("system") or ""),
+            "temperature": number("temperature", get("temperature")), "top_k": number("top_k", get("top_k")),
+            "top_p": number("top_p", get("top_p")), "min_p": number("min_p", get("min_p")),
+            "rep": number("repetition penalty", get("rep")), "freq": number("frequency penalty", get("freq")),
+            "pres": number("presence penalty", get("pres")),
+            "seed": number("seed", get("seed"), integer=True, optional=True),
+            "max_tokens": number("max tokens", get("max_tokens"), integer=True, optional=True),
+            "stop": str(get("stop") or ""), **view_inputs(inputs)}
+
+
+def view_inputs(inputs: dict) -> dict:
+    get = inputs.get
+    return {"lang": get("lang") if get("lang") in ("en", "ru") else "en",
+            "layer": number("layer", get("layer") or 0, integer=True),
+            "head": number("head", get("head") or 0, integer=True), "word": str(get("word") or ""),
+            "npos": number("position", get("npos"), integer=True, optional=True),
+            "visible": str(get("visible") or "")}
+
+
+def token_id(value, lang: str) -> int:
+    if value in (None, ""):
+        raise ValueError(t("need_token", lang))
+    return int(value)
+
+
+def kept_tokens(value, lang: str) -> int:
+    if value in (None, ""):
+        raise ValueError(t("need_position", lang))
+    return int(value)
+
+
+def seq_id(label) -> int | None:
+    """The sequence a selector's value names ("#3 · running", "3" or 3); None for an empty choice."""
+    if label in (None, ""):
+        return None
+    return int(str(label).split()[0].lstrip("#"))

@@ -1,0 +1,233 @@
+"""What each tab's page shows, and how a payload reaches it.
+
+The engine side of a tab is its session (app/session.py: a LabSession, or a ReplaySession for a loaded
+trace). The page side is here: a `TabView` per tab records what its page was already sent (so a payload
+carries only what changed) and where it stands in the guided tour; `Delivery` builds a payload for a view
+of a session and sends it over the tab's websocket (app/live.py), or hands it back as the hidden Gradio
+component's value when the tab has no socket.
+"""
+from __future__ import annotations
+
+import html
+import json
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+from engine import StepFailed
+
+from . import render
+from .i18n import t
+from .protocol import IDS
+from .session import MAX_VIEW_CHARS, MAX_WORD_CHARS, LabFull, cap_text
+from .trace import ReplaySession
+
+log = logging.getLogger("inferlab")
+
+
+@dataclass
+class TabView:
+    """One tab's page as the server last left it."""
+
+    sent_html: dict = field(default_factory=dict)  # HTML piece id -> what the page shows
+    sent_figs: dict = field(default_factory=dict)  # chart id -> the figure the page last got
+    tour_pos: int = -1  # index of the tour step shown (-1: the tour was not started)
+
+    def forget_sent(self) -> None:
+        """A new session (Reset, a loaded trace): its first payload sends everything again."""
+        self.sent_html.clear()
+        self.sent_figs.clear()
+
+    def new_html(self, pieces: dict) -> dict:
+        """The HTML pieces that differ from what the page shows (the template, BPE trace and panel texts
+        rarely change, and a step's latency grows with its payload). The message line always goes: error and
+        what-if payloads change it without passing through here, so the record of it would be wrong."""
+        out = {k: v for k, v in pieces.items() if k == "html-message" or self.sent_html.get(k) != v}
+        self.sent_html.update(out)
+        return out
+
+    def drop_unchanged(self, p: dict) -> dict:
+        """Keep in payload `p` only the figures that differ from what this tab last got; the ids of the equal
+        ones go to p["same"], where the page clears their stale mark (lab.js).
+
+        Plotly.react redraws a whole chart for every new figure object, even an equal one (20-40 ms for a
+        chart here): a chart that did not change (the speculative panel while speculation is off, the
+        neighbours of a pinned token position) is not resent. Figures are plain JSON-ready values, never
+        mutated once built, so comparing them with == is exact and cheaper than encoding them."""
+        figs, same = {}, []
+        for cid, fig in p.get("figs", {}).items():
+            if self.sent_figs.get(cid) == fig:
+                same.append(cid)
+            else:
+                figs[cid] = self.sent_figs[cid] = fig
+        p["figs"], p["same"] = figs, same
+        return p
+
+
+class TabViews:
+    """Session key -> TabView. A view lives while the registry holds its tab's session; one whose session has
+    gone is forgotten when the next view is made (tabs come and go at page-load pace, so that is soon)."""
+
+    def __init__(self, registry):
+        self.registry = registry
+        self.views: dict[str, TabView] = {}
+        self._lock = threading.Lock()
+
+    def of(self, key: str | None) -> TabView:
+        if key is None:  # a session outside the registry (a test's): nothing to remember between payloads
+            return TabView()
+        with self._lock:
+            view = self.views.get(key)
+            if view is None:
+                live = self.registry.sessions
+                self.views = {k: v for k, v in self.views.items() if k in live}
+                view = self.views[key] = TabView()
+            return view
+
+
+@dataclass(frozen=True)
+class View:
+    """How the page wants the lab drawn: language, layer and head, BPE word, neighbour position, and the
+    charts in view (None: all of them) with those just outside it (sent in a second payload)."""
+
+    lang: str = "en"
+    layer: int = 0
+    head: int = 0
+    word: str = ""
+    npos: int | None = None
+    visible: frozenset | None = None
+    near: frozenset = frozenset()
+
+    @classmethod
+    def parse(cls, lang, layer, head, word, npos, visible="") -> "View":
+        """From the page's controls; the word box is capped before any work."""
+        word = cap_text("word", word, MAX_WORD_CHARS)
+        npos = None if npos in (None, "") or int(npos) < 0 else int(npos)
+        state = _view_state(visible)
+        ids = state.get("ids") if isinstance(state, dict) else state
+        near = state.get("near") if isinstance(state, dict) else None
+        return cls("ru" if lang == "ru" else "en", int(layer or 0), int(head or 0), word or "", npos,
+                   frozenset(i for i in ids if i in render.CHART_IDS) if isinstance(ids, list) else None,
+                   frozenset(i for i in near if i in render.CHART_IDS) if isinstance(near, list) else frozenset())
+
+    @property
+    def args(self) -> tuple:
+        """(lang, layer, head, word, neighbour position): what render.build_payload and lecture frames take."""
+        return self.lang, self.layer, self.head, self.word, self.npos
+
+
+def _view_state(visible):
+    """lab.js writes {"ids": chart ids in view, "near": those just outside} (a bare list in older pages)."""
+    if not visible or not isinstance(visible, str) or len(visible) > MAX_VIEW_CHARS:
+        return None  # a view state this long is not lab.js's: build everything, as before its first report
+    try:
+        return json.loads(visible)
+    except ValueError:
+        return None
+
+
+class Delivery:
+    """Builds a tab's payloads from its session and sends them to its page."""
+
+    def __init__(self, registry, holder, hub=None, lecture=None):
+        self.registry, self.holder, self.hub, self.lecture = registry, holder, hub, lecture
+        self.views = TabViews(registry)
+
+    def payload(self, s, view: View, message="", kind="info", what_if=None, op=None):
+        """Build and deliver. `op` tags the payload with what caused it (lab.js counts "step" payloads: tests
+        wait for the one their click caused, since a view refresh is a render too)."""
+        p = self.build(s, view, message, kind, what_if)
+        if op:
+            p["op"] = op
+        if view.near and self.hub is not None and self.hub.has_tab(s.tab_key):
+            # charts just outside the screen follow in a second payload: the screen is updated first
+            p["stale"] = [c for c in p.get("stale", []) if c not in view.near]
+            out = self.deliver(p, s.tab_key)
+            rest = render.build_payload(s, *view.args, self.holder.machine, what_if, only=set(view.near))
+            self.deliver(self.views.of(s.tab_key).drop_unchanged({"figs": rest["figs"]}), s.tab_key)
+            return out
+        return self.deliver(p, s.tab_key)
+
+    def build(self, s, view: View, message="", kind="info", what_if=None) -> dict:
+        """The payload dict for `view` of session `s`: only what this tab's page does not show yet."""
+        p = render.build_payload(s, *view.args, self.holder.machine, what_if, message, kind,
+                                 only=None if view.visible is None else set(view.visible))
+        p["html"][IDS["focus"]] = focus_html(s, view.lang)
+        tab = self.views.of(s.tab_key)
+        p["html"] = tab.new_html(p["html"])
+        tab.drop_unchanged(p)
+        if self.lecture is not None:
+            self.lecture.changed(s, view.args)
+        return p
+
+    def partial(self, s, p: dict):
+        """A payload of a few charts (a what-if), minus what the page has."""
+        return self.deliver(self.views.of(s.tab_key).drop_unchanged(p), s.tab_key)
+
+    def deliver(self, p: dict, key: str | None):
+        """Over the websocket of the tab whose session is `key` when it has one (fast), else as the payload
+        component's new value. The tab is the server's own record, never a name the client sent."""
+        p["t"] = time.time()
+        if key and self.hub is not None and self.hub.push_tab(key, p):
+            return gr.skip()
+        return render.dumps(p)
+
+    @staticmethod
+    def message(text: str, kind: str = "info") -> str:
+        """A payload that only changes the message line."""
+        return render.dumps({"figs": {}, "html": {"html-message": render.message_html(text, kind)},
+                             "t": time.time()})
+
+    def error(self, exc: Exception, lang: str, op: str | None = None) -> str:
+        """Any failure as a message payload: the page shows one line, never a traceback."""
+        lang = "ru" if lang == "ru" else "en"  # the failure may be the language value itself
+        if isinstance(exc, LabFull):
+            text, kind = t("lab_full", lang).format(n=self.registry.max_sessions), "warn"
+        elif isinstance(exc, ValueError):
+            text, kind = str(exc), "error"
+        elif isinstance(exc, RuntimeError) and "loading" in str(exc):
+            # no live session: either the model is still loading or it failed to (then say why; a trace works)
+            text, kind = (f"{self.holder.error}. {t('trace_hint', lang)}", "error") if self.holder.error else \
+                (t("loading", lang), "warn")
+        elif isinstance(exc, StepFailed):  # the engine undid the step: the session is as before, truly
+            log.warning("step failed and was undone: %s", exc.__cause__ or exc)
+            cause = exc.__cause__ or exc
+            text, kind = t("step_failed", lang).format(cause=f"{type(cause).__name__}: {cause}"[:300]), "error"
+        else:
+            log.error("handler failed:\n%s", traceback.format_exc())
+            text, kind = t("failed", lang).format(cause=f"{type(exc).__name__}: {exc}"[:300]), "error"
+        p = {"figs": {}, "html": {"html-message": render.message_html(text, kind)}, "t": time.time()}
+        if op:
+            p["op"] = op
+        return render.dumps(p)
+
+
+def status_line(s, lang: str) -> tuple[str, str]:
+    """The message line after a step: the replay's position, or that everything has finished."""
+    if isinstance(s, ReplaySession):
+        return t("replay_pos", lang).format(pos=s.position, n=s.num_frames), "info"
+    if s.has_unfinished():
+        return "", "info"
+    v = s.focus_view()
+    if v is not None and v.finished:
+        return t("finished", lang), "info"
+    return "", "info"
+
+
+def focus_html(s, lang: str) -> str:
+    """The sequence selector (lab.js sends a Focus command when it changes) and, under it, why the shown
+    sequence is not moving: queued behind other visitors' requests, or preempted."""
+    options = "".join(
+        f'<option value="{sid}"{" selected" if sid == s.focus else ""}>#{sid} · '
+        f'{html.escape(s.seq_status(sid))}</option>' for sid in s.seq_ids() if s.has_seq(sid))
+    out = (f'<label class="il-focus"><span>{html.escape(t("focus", lang))}</span>'
+           f'<select id="{IDS["focus_select"]}"{"" if options else " disabled"}>{options}</select></label>')
+    wait = None if isinstance(s, ReplaySession) else s.wait_info()  # a replay shows what was recorded
+    if wait is not None:
+        line = t("preempted", lang) if wait["state"] == "preempted" else t("waiting", lang).format(n=wait["ahead"])
+        out += f'<div class="il-wait">{html.escape(line)}</div>'
+    return out

@@ -1,0 +1,257 @@
+"""The page's callbacks: each turns the controls' values into a command (app/commands.py), applies it to the
+tab's session and delivers the payload (app/delivery.py). Gradio events and the tab's websocket
+(`tab_message`) arrive here; every failure becomes a message on the page, never a traceback.
+
+Every Gradio callback lists its parameters explicitly (no *args): Gradio injects `request` only into
+signatures it can read.
+"""
+from __future__ import annotations
+
+import html
+import json
+
+import gradio as gr
+
+from . import commands as cmd
+from . import protocol, render
+from .delivery import Delivery, View, status_line
+from .i18n import EXAMPLES, t
+from .live import Hub, Lecture
+from .session import SessionRegistry, request_key as _key
+
+SLIDERS = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+           "presence_penalty"]
+
+
+class LabHandlers:
+    """Gradio callbacks. Every one returns a payload; errors become a message, never a traceback."""
+
+    def __init__(self, registry: SessionRegistry, holder, hub: Hub | None = None, lecture: Lecture | None = None):
+        self.registry = registry
+        self.holder = holder  # model loading status: .ready, .progress, .message, .error, .machine
+        self.hub = hub  # websocket channels: this tab's payloads, lecture viewers
+        self.lecture = lecture
+        self.delivery = Delivery(registry, holder, hub, lecture)
+
+    def _session(self, request):
+        return self.registry.get(_key(request))
+
+    def _context(self, lang, request=None) -> cmd.Context:
+        return cmd.Context(lang, self.registry, _key(request) if request is not None else None, self.lecture)
+
+    params = staticmethod(cmd.sampling_params)
+
+    # ---- the engine's controls ------------------------------------------------------------------------
+    def step(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
+             lang, layer, head, word, npos, visible, request: gr.Request = None):
+        try:
+            view = View.parse(lang, layer, head, word, npos, visible)  # capped before any engine work
+            s = self._session(request)
+            request_ = cmd.request(prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed,
+                                   max_tokens, stop)
+            with s.lock:  # the step and the render that shows it, with nothing in between
+                cmd.apply(s, cmd.Step(request_), self._context(lang, request))
+                return self.delivery.payload(s, view, *status_line(s, view.lang), op="step")
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a message on the page
+            return self.delivery.error(exc, lang, op="step")
+
+    def run(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
+            lang, layer, head, word, npos, visible, request: gr.Request = None):
+        try:
+            view = View.parse(lang, layer, head, word, npos, visible)
+            s = self._session(request)
+            request_ = cmd.request(prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed,
+                                   max_tokens, stop)
+            out = cmd.apply(s, cmd.Run(request_), self._context(lang, request))
+            for _ in out.steps:
+                yield self.delivery.payload(s, view, *status_line(s, view.lang))
+        except Exception as exc:  # noqa: BLE001
+            yield self.delivery.error(exc, lang)
+
+    def pause(self, request: gr.Request = None):
+        try:
+            cmd.apply(self._session(request), cmd.Pause())
+        except Exception:  # noqa: BLE001 - pausing a session that is still loading is a no-op
+            pass
+
+    def add(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
+            lang, layer, head, word, npos, visible, request: gr.Request = None):
+        return self._apply(lambda: cmd.Add(cmd.request(prompt, chat, system, temperature, top_k, top_p, min_p, rep,
+                                                       freq, pres, seed, max_tokens, stop)),
+                           lang, layer, head, word, npos, visible, request)
+
+    def reset(self, lang, visible="", request: gr.Request = None):
+        try:
+            out = cmd.apply(self._session(request), cmd.Reset(), self._context(lang, request))
+            self.delivery.views.of(out.session.tab_key).forget_sent()  # a new session: its page redraws all
+            return self.delivery.payload(out.session, View.parse(lang, 0, 0, "", None, visible), "")
+        except Exception as exc:  # noqa: BLE001
+            return self.delivery.error(exc, lang)
+
+    def what_if(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, visible="",
+                request: gr.Request = None):
+        try:
+            s = self._session(request)
+            params = cmd.sampling_params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
+            out = cmd.apply(s, cmd.WhatIf(params), self._context(lang, request))
+            if not out.changed:
+                return gr.skip()
+            lang = "ru" if lang == "ru" else "en"
+            if out.value is None:  # the sliders are back at what the last step sampled with: its real chain
+                return self.delivery.partial(s, render.chain_payload(s, lang, *status_line(s, lang)))
+            return self.delivery.partial(s, render.what_if_payload(s, out.value, lang))
+        except Exception as exc:  # noqa: BLE001
+            return self.delivery.error(exc, lang)
+
+    def focus(self, seq_label, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        def build():
+            sid = cmd.seq_id(seq_label)
+            return None if sid is None else cmd.Focus(sid)
+
+        return self._apply(build, lang, layer, head, word, npos, visible, request)
+
+    def force(self, token_id, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        return self._apply(lambda: cmd.Force(cmd.token_id(token_id, lang)), lang, layer, head, word, npos, visible,
+                           request)
+
+    def rewind(self, n, branch, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        def build():
+            kept = cmd.kept_tokens(n, lang)
+            return cmd.Branch(kept) if branch else cmd.Rewind(kept)
+
+        return self._apply(build, lang, layer, head, word, npos, visible, request)
+
+    def view(self, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        try:
+            view = View.parse(lang, layer, head, word, npos, visible)
+            s = self._session(request)
+            with s.lock:  # renders of one tab may run beside its steps: read its events whole
+                return self.delivery.payload(s, view, message=None)
+        except Exception as exc:  # noqa: BLE001
+            return self.delivery.error(exc, lang)
+
+    def _apply(self, build, lang, layer, head, word, npos, visible, request):
+        """The session's command `build()` (None: nothing to do), then the page's view of the session."""
+        try:
+            view = View.parse(lang, layer, head, word, npos, visible)
+            s = self._session(request)
+            command = build()
+            message = cmd.apply(s, command, self._context(lang, request)).message if command is not None else ""
+            return self.delivery.payload(s, view, message)
+        except Exception as exc:  # noqa: BLE001
+            return self.delivery.error(exc, lang)
+
+    # ---- the tab's own websocket ------------------------------------------------------------------------
+    def hello(self, lang, request: gr.Request = None):
+        """On page load: the tab's socket ticket (lab.js opens /ws/lab with it), and its session when the model
+        is ready, so a full lab says so at once instead of on the first Step."""
+        key = _key(request)
+        try:
+            ticket = self.registry.ticket(key)
+            if self.holder.ready:
+                self.registry.get(key)
+            return ticket, gr.skip()
+        except Exception as exc:  # noqa: BLE001 - the lab is full, or the tab was closed
+            return gr.skip(), self.delivery.error(exc, lang)
+
+    def tab_message(self, key: str, data: str) -> None:
+        """A message from a tab's websocket (app/live.py), whose session `key` the server tied to it by ticket:
+        {"op": "step", "inputs": {...}} runs exactly the Gradio Step handler on that session, {"op": "focus",
+        "seq": id, "inputs": {...}} the sequence selector's. The payload comes back on the same socket. A
+        socket never creates a session (a Step queued behind the tab's close must not bring it back)."""
+        lang, op = "en", "step"
+        try:
+            msg = protocol.decode(data, protocol.TAB_OPS)
+            op = msg["op"]
+            inputs = msg.get("inputs") if isinstance(msg.get("inputs"), dict) else {}
+            args = cmd.socket_inputs(inputs) if op == "step" else cmd.view_inputs(inputs)
+            lang = args["lang"]
+            if self.registry.peek(key) is None:
+                raise ValueError(t("no_session", lang))
+        except Exception as exc:  # noqa: BLE001 - a malformed message is answered, never raised into the socket
+            self.hub.push_tab(key, json.loads(self.delivery.error(ValueError(str(exc)), lang, op=op)))
+            if self.registry.peek(key) is None:
+                self.hub.send_tab(key, protocol.UNBOUND)  # the page's next Step goes through Gradio
+            return
+        request = _TabRequest(key)
+        out = self.step(**args, request=request) if op == "step" else self.focus(msg.get("seq"), **args,
+                                                                                 request=request)
+        if isinstance(out, str):  # an error payload (or no channel to push on): send it on this socket
+            self.hub.push_tab(key, json.loads(out))
+
+    # ---- lecture mode -------------------------------------------------------------------------------------
+    def present(self, token, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        """Claim lecture mode with the presenter token: viewers at /follow then see this tab's session."""
+        try:
+            if self.hub is None or self.lecture is None:
+                raise ValueError(t("no_lecture", lang))
+            try:
+                self.hub.check_token(token, _address(request))
+            except ValueError as exc:  # a wrong token, or too many of them from this address
+                raise ValueError(t("bad_token", lang) if str(exc) == "wrong presenter token" else str(exc)) from None
+            view = View.parse(lang, layer, head, word, npos, visible)
+            s = self._session(request)
+            self.lecture.start(_key(request), s, view.args)
+            return self.delivery.payload(s, view, t("presenting", lang))
+        except Exception as exc:  # noqa: BLE001
+            return self.delivery.error(exc, lang)
+
+    def stop_presenting(self, lang, request: gr.Request = None):
+        key = _key(request)
+        if self.lecture is not None and self.lecture.is_presenter(key):
+            self.lecture.stop()
+        return self.delivery.message(t("not_presenting", lang))
+
+    def lecture_status(self, lang, request: gr.Request = None):
+        """Who presents and how many follow, for the lecture box (polled by the page's timer)."""
+        if self.hub is None:
+            return ""
+        me = self.lecture is not None and self.lecture.is_presenter(_key(request))
+        state = t("you_present", lang) if me else (t("other_presents", lang) if self.hub.presenter else
+                                                   t("nobody_presents", lang))
+        return (f'<div class="il-lecture-status">{html.escape(state)} · '
+                f'{html.escape(t("viewers", lang))}: <b id="viewer-count">{self.hub.viewer_count}</b> · '
+                f'<a href="/follow" target="_blank">/follow</a></div>')
+
+    # ---- the page's frame -----------------------------------------------------------------------------
+    def status(self, lang):
+        """Model loading progress while it loads; then the model's name (and the sliders' true ranges)."""
+        h = self.holder
+        if h.error:
+            return (f'<div class="il-msg il-msg-error">{html.escape(h.error)}</div>', gr.Timer(active=False),
+                    gr.update(), gr.update())
+        if not h.ready:
+            pct = int(100 * h.progress)
+            return (f'<div class="il-loading"><progress max="100" value="{pct}"></progress> '
+                    f'{html.escape(t("loading", lang))} {html.escape(h.message)}</div>', gr.Timer(active=True),
+                    gr.update(), gr.update())
+        return (f'<div class="il-ready">✓ {html.escape(t("ready", lang))}: {html.escape(h.model_id)} · '
+                f'{html.escape(h.device)}</div>', gr.Timer(active=False),
+                gr.update(maximum=h.spec.num_layers - 1), gr.update(maximum=h.spec.num_heads - 1))
+
+    def relabel(self, lang):
+        """Labels of every control in the chosen language (app/ui.py lists the same controls in RELABELED)."""
+        keys = ["prompt", "chat", "system", *SLIDERS, "seed", "max_tokens", "stop", "layer", "head", "force",
+                "rewind", "word", "neighbour"]
+        buttons = ["step", "run", "pause", "reset", "add", "force_btn", "rewind_btn"]
+        return ([gr.update(label=t(k, lang)) for k in keys] + [gr.update(value=t(b, lang)) for b in buttons]
+                + [gr.update(label=t("branch_btn", lang)), gr.update(samples=[[e] for e in EXAMPLES[lang]])]
+                + [gr.update(label=t("lecture", lang)), gr.update(label=t("token", lang)),
+                   gr.update(value=t("present", lang)), gr.update(value=t("unpresent", lang))])
+
+
+class _TabRequest:
+    """What the handlers read from a gr.Request, for a command that came over the tab's websocket."""
+
+    def __init__(self, session_hash: str):
+        self.session_hash = session_hash
+
+
+def _address(request) -> str | None:
+    """The visitor's address for rate limits: the first X-Forwarded-For hop behind a proxy (a Space), else the
+    peer. A forged header only changes which bucket a guess lands in; TokenGuard's overall limit still holds."""
+    headers = getattr(request, "headers", None) or {}
+    forwarded = headers.get("x-forwarded-for") if hasattr(headers, "get") else None
+    if forwarded:
+        return forwarded.split(",")[0].strip()[:64]
+    return getattr(getattr(request, "client", None), "host", None)
