@@ -20,10 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=os.environ.get("INFERLAB_DEVICE", "cpu"), help="cpu, cuda or mps")
     ap.add_argument("--host", default=os.environ.get("INFERLAB_HOST", "127.0.0.1"))
     ap.add_argument("--port", type=int, default=int(os.environ.get("INFERLAB_PORT", "7860")))
-    ap.add_argument("--kv-memory-mb", type=int, default=64, help="KV pool per browser tab, in MiB")
+    ap.add_argument("--kv-memory-mb", type=int, default=512,
+                    help="the KV pool that every browser tab's sequences share (one engine serves the room), in MiB")
     ap.add_argument("--max-sessions", type=int, default=int(os.environ.get("INFERLAB_MAX_SESSIONS", "24")),
-                    help="browser tabs served at once (each holds its own KV pool); more visitors read 'the lab "
-                         "is full'")
+                    help="browser tabs served at once (all batched in one shared engine); more visitors read 'the "
+                         "lab is full'")
     ap.add_argument("--allow-origin", action="append", default=None, metavar="URL",
                     help="a page origin whose websockets are accepted besides this server's own host, e.g. "
                          "https://NAME.hf.space (repeatable; default: $INFERLAB_ALLOWED_ORIGINS, comma-separated)")

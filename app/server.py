@@ -81,7 +81,8 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
 
     `presenter_token`: the lecture-mode secret (default: $INFERLAB_PRESENTER_TOKEN, else a random one,
     readable as app.state.hub.token and printed by `python -m app`).
-    `max_sessions`: tabs served at once (each holds its own KV pool); past it a visitor reads "the lab is full".
+    `kv_memory`: bytes of the room's one shared KV pool (app/session.py ROOM_KV_MEMORY when None).
+    `max_sessions`: tabs served at once (all in one shared engine); past it a visitor reads "the lab is full".
     `allowed_origins`: websocket origins accepted besides the page's own host (default:
     $INFERLAB_ALLOWED_ORIGINS, comma-separated), e.g. a Space's https://NAME.hf.space.
     `socketless_timeout_s`: a session whose page has no open websocket (an API client) is freed after this long
@@ -126,7 +127,8 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
         # sessions and KV blocks in use: what an operator (and bench/soak.py) watches for leaks
         return {"ready": holder.ready, "progress": holder.progress, "error": holder.error,
                 "sessions": len(registry.sessions), "max_sessions": registry.max_sessions,
-                "kv_blocks_used": registry.kv_blocks_used()}
+                "kv_blocks_used": registry.kv_blocks_used(),
+                "room": None if registry.room is None else registry.room.stats()}
 
     if allowed_origins is None:
         allowed_origins = tuple(o for o in os.environ.get("INFERLAB_ALLOWED_ORIGINS", "").split(",") if o.strip())
@@ -150,7 +152,7 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     def lecture_session():
         if registry.base is None:
             raise RuntimeError("the model is still loading")
-        return LabSession.create(registry.base, kv_memory)
+        return LabSession.create(registry.room, kind="lecture")  # the lecture is one more owner in the room
 
     presenter = PresenterSocket(hub, lecture, lecture_session)
 

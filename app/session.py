@@ -1,8 +1,9 @@
-"""One browser tab's lab session: its own engine (own KV pool, shared weights), its requests and events.
+"""One browser tab's lab session: an owner in the room's shared engine (app/room.py), its requests and events.
 
 The UI never touches engine internals directly: handlers call a LabSession method and render the events it
-keeps. A registry maps Gradio's session_hash to sessions so a closed tab frees its KV at once (demo.unload),
-and idle sessions are swept after a timeout as a safety net.
+keeps (its share of each engine step it took part in). A registry maps Gradio's session_hash to sessions so a
+closed tab frees its sequences' KV at once (demo.unload), and idle sessions are swept after a timeout as a
+safety net.
 """
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ from typing import Protocol
 
 from engine import Capture, Engine, SamplingParams, StepEvent
 from engine.model import ATTENTION_BUDGET
-from engine.scheduler import Status
 from engine.tokenizer import bpe_merges, render_prompt, token_info
 
 from .downloads import TabDownloads
+from .room import Room, RoomLimits
 
 log = logging.getLogger("inferlab")
 
@@ -104,7 +105,8 @@ class LabView(Protocol):
 
 @dataclass
 class LabSession:
-    engine: Engine
+    room: Room
+    owner: str  # this tab's public label in the room ("tab 3")
     events: list[StepEvent] = field(default_factory=list)
     requests: dict[int, RequestInfo] = field(default_factory=dict)
     focus: int | None = None  # the sequence the per-sequence panels show
@@ -126,14 +128,21 @@ class LabSession:
     tab_key: str | None = None  # the registry key of the tab this session belongs to (its socket's name)
 
     @classmethod
-    def create(cls, base: Engine, kv_memory: int | None = None) -> "LabSession":
-        overrides = {} if kv_memory is None else {"kv_memory": kv_memory}
-        eng = base.session(**overrides)
-        # The lab shows everything: attention of every layer and head, a 5-deep logit lens, norms, embeddings.
-        # Attention is kept within a per-step budget (the last query rows that fit; the charts say so): a long
-        # prompt's prefill would otherwise keep 30 layers x 9 heads x T x T floats (+1.6 GB at 1,400 tokens).
-        eng.instrument = Capture(lens_top_k=5, lens_max_positions=16, max_attention_bytes=ATTENTION_BUDGET)
-        return cls(eng)
+    def create(cls, base: "Engine | Room", kv_memory: int | None = None, kind: str = "tab") -> "LabSession":
+        """A session in `base` when it is a Room; given an Engine, a room of its own (a new KV pool of
+        `kv_memory` bytes sharing the engine's weights: tests, exports and the speculative comparison)."""
+        room = base if isinstance(base, Room) else new_room(base, kv_memory)
+        s = cls(room, "")
+        s.owner = room.join(kind, capture=s._captured_seqs)
+        return s
+
+    @property
+    def engine(self) -> Engine:
+        return self.room.engine
+
+    def _captured_seqs(self) -> set[int]:
+        # the room instruments only what its owners view: this tab's focused sequence
+        return set() if self.focus is None else {self.focus}
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, prompt: str, params: SamplingParams, chat: bool, system: str | None) -> int:
@@ -144,24 +153,35 @@ class LabSession:
         system = system if (chat and system and system.strip()) else None
         rendered = render_prompt(self.engine.tokenizer, prompt, chat=chat, system=system)
         with self.lock:
-            rid = self.engine.add_request(prompt_ids=rendered.token_ids, prompt=rendered.text, params=params,
-                                          speculative=self.speculative)
+            rid = self.room.add_request(self.owner, list(rendered.token_ids), rendered.text, params,
+                                        self.speculative)
             self.requests[rid] = RequestInfo(rid, prompt, chat, system, rendered.text, rendered.spans,
                                              list(rendered.token_ids))
-            if self.focus is None or self.engine.sequences[self.focus].status is Status.FINISHED:
+            focused = self.focus_view()
+            if focused is None or focused.finished:
                 self.focus = rid
             return rid
 
     def has_unfinished(self) -> bool:
-        return self.engine.has_unfinished()
+        return self.engine.has_unfinished(self.owner)
 
     def step(self) -> StepEvent | None:
-        """One engine step; None when there is nothing to do."""
+        """One engine step for this tab's sequences (batched with whatever the room runs); None when there is
+        nothing to do."""
         with self.lock:
             self.last_used = time.time()
-            if not self.engine.has_unfinished():
+            if not self.has_unfinished():
                 return None
-            event = self.engine.step(trace=True)
+            return self._keep(self.room.step(self.owner))
+
+    def _keep(self, events: list[StepEvent]) -> StepEvent | None:
+        """Keep this tab's share of the steps it took part in; returns the newest."""
+        for event in events:
+            self._keep_one(event)
+        return events[-1] if events else None
+
+    def _keep_one(self, event: StepEvent) -> None:
+        with self.lock:
             self.what_if = None  # the new step used the sliders' values: nothing is hypothetical any more
             self.events.append(event)
             for old in self.events[:-MAX_EVENTS]:  # the oldest leave: so do their captures' bytes
@@ -174,7 +194,6 @@ class LabSession:
             if len(self.views) > len(self.events):
                 keep = {e.step for e in self.events}
                 self.views = {k: v for k, v in self.views.items() if k in keep}
-            return event
 
     def _keep_capture_budget(self, event: StepEvent) -> None:
         """Drop the attention of the oldest events until this tab's captures fit SESSION_CAPTURE_BYTES.
@@ -191,9 +210,8 @@ class LabSession:
 
     def reset(self) -> None:
         with self.lock:
-            for sid, seq in list(self.engine.sequences.items()):
-                if seq.status is not Status.FINISHED:
-                    self.engine.abort(sid)
+            self.running = False
+            self.room.release(self.owner)  # aborted and forgotten: the blocks go back to the pool now
             self.events.clear()
             self.captured.clear()
             self.capture_bytes = 0
@@ -205,6 +223,7 @@ class LabSession:
 
     def close(self) -> None:
         self.reset()
+        self.room.leave(self.owner)
         self.bpe_cache.clear()
         self.sent_figs.clear()
         self.sent_html.clear()
@@ -226,25 +245,24 @@ class LabSession:
         return sorted(self.requests)
 
     def has_seq(self, seq_id: int) -> bool:
-        return seq_id in self.engine.sequences
+        return seq_id in self.requests
 
     def seq_token_ids(self, seq_id: int) -> list[int]:
-        return list(self.engine.sequences[seq_id].token_ids)
+        return list(self.seq_view(seq_id).token_ids)
 
     def prompt_len(self, seq_id: int) -> int:
-        return len(self.engine.sequences[seq_id].prompt_ids)
+        return len(self.seq_view(seq_id).prompt_ids)
 
     def seq_status(self, seq_id: int) -> str:
         """The finish reason of a finished sequence, else its scheduler status ("waiting", "running", ...)."""
-        seq = self.engine.sequences[seq_id]
-        return seq.finish_reason or seq.status.value
+        v = self.seq_view(seq_id)
+        return v.finish_reason or v.status
 
     def token_texts(self, seq_id: int) -> list[str]:
-        seq = self.engine.sequences[seq_id]
-        return [self.engine.token_text(t) for t in seq.token_ids]
+        return [self.engine.token_text(t) for t in self.seq_view(seq_id).token_ids]
 
     def token_infos(self, seq_id: int) -> list[dict]:
-        return token_info(self.engine.tokenizer, self.engine.sequences[seq_id].token_ids)
+        return token_info(self.engine.tokenizer, list(self.seq_view(seq_id).token_ids))
 
     def bpe(self, word: str) -> list[dict]:
         # drawn on every render of the tokens panel: computed once per word (bounded by MAX_WORD_CHARS)
@@ -264,10 +282,9 @@ class LabSession:
         with self.lock:
             seqs = {}
             for sid in self.requests:
-                seq = self.engine.sequences.get(sid)
-                if seq is not None:
-                    seqs[sid] = {"token_ids": list(seq.token_ids), "prompt_len": len(seq.prompt_ids),
-                                 "status": seq.finish_reason or seq.status.value}
+                v = self.seq_view(sid)
+                seqs[sid] = {"token_ids": list(v.token_ids), "prompt_len": len(v.prompt_ids),
+                             "status": v.finish_reason or v.status}
             return {"focus": self.focus, "seqs": seqs}
 
     def last_seq_event(self, seq_id: int, with_sampling: bool = True):
@@ -278,54 +295,79 @@ class LabSession:
         """engine.SeqView of one of this tab's sequences."""
         if seq_id not in self.requests:
             raise ValueError(f"sequence {seq_id} is not one of this tab's")
+        self.room.check_owner(self.owner, seq_id)
         return self.engine.seq_view(seq_id)
 
     def focus_view(self):
         """SeqView of the focused sequence, or None."""
         return None if self.focus is None or self.focus not in self.requests else self.seq_view(self.focus)
 
-    def force(self, token_id: int) -> str:
-        """Force the focused sequence's next token; returns the token's text."""
+    def _own_focus(self) -> int:
+        """The focused sequence, checked to be this tab's."""
         if self.focus is None:
             raise ValueError("start a sequence first (press Step)")
+        self.room.check_owner(self.owner, self.focus)
+        return self.focus
+
+    def force(self, token_id: int) -> str:
+        """Force the focused sequence's next token; returns the token's text."""
         with self.lock:
-            self.engine.force_token(self.focus, token_id)
+            self.engine.force_token(self._own_focus(), token_id)
             return self.engine.token_text(token_id)
 
     def rewind(self, n: int) -> None:
-        if self.focus is None:
-            raise ValueError("start a sequence first (press Step)")
         with self.lock:
-            self.engine.rewind(self.focus, n)
+            self.engine.rewind(self._own_focus(), n)
 
     def branch(self, n: int) -> int:
         """A branch of the focused sequence keeping n generated tokens; it becomes the focus."""
-        if self.focus is None:
-            raise ValueError("start a sequence first (press Step)")
         with self.lock:
-            parent = self.requests[self.focus]
-            rid = self.engine.branch(self.focus, n)
+            parent = self.requests[self._own_focus()]
+            rid = self.room.branch(self.owner, self.focus, n)
             self.requests[rid] = RequestInfo(rid, parent.prompt, parent.chat, parent.system, parent.text,
                                              parent.spans, parent.token_ids)
             self.focus = rid
             return rid
 
     def what_if_trace(self, params: SamplingParams) -> dict:
-        return self.engine.what_if(self.focus, params)
+        return self.engine.what_if(self._own_focus(), params)
 
     def run_steps(self):
-        """Run: step until Pause or nothing is left, yielding after every step that brought something new."""
+        """Run: the room steps this tab's sequences until Pause (a standing grant, batched with the room) while
+        the page draws; yields whenever steps arrived. A page that draws slower than the engine steps gets
+        several steps at once and draws the newest."""
         self.running = True
+        self.room.run(self.owner)
         try:
-            while self.running and self.has_unfinished():
-                if self.step() is None:
-                    break
-                yield
+            while self.running:
+                events = self.room.wait(self.owner)
+                if events:
+                    self.last_used = time.time()
+                    self._keep(events)
+                    yield
+                elif not self.room.running(self.owner):
+                    break  # every sequence finished (or a Reset ended the grant)
         finally:
             self.running = False
+            self.room.pause(self.owner)
+            self._keep(self.room.wait(self.owner, timeout=0))  # steps that ran before the pause took hold
 
     def pause(self) -> None:
         self.running = False
+        self.room.pause(self.owner)
+
+    # ---- the room view (app/charts/room.py) -----------------------------------------------------------
+    @property
+    def room_records(self) -> list[dict]:
+        return self.room.records()
+
+    @property
+    def room_blocks(self) -> list[str]:
+        return self.room.block_owners()
+
+    @property
+    def room_me(self) -> str:
+        return self.owner
 
     def wait_info(self) -> dict | None:
         """Why the focused sequence did not move, for the page's status line: {"state": "waiting", "ahead": n}
@@ -340,10 +382,28 @@ class LabSession:
 
     def updated_params(self, params: SamplingParams) -> None:
         """New slider values apply to the focused sequence from its next step on."""
-        if self.focus is not None and self.focus in self.engine.sequences:
-            seq = self.engine.sequences[self.focus]
-            if seq.status is not Status.FINISHED:
-                seq.params = params
+        v = self.focus_view()
+        if v is not None and not v.finished:
+            self.engine.set_params(v.seq_id, params)
+
+
+# The room's shared KV pool when none is given: ~11,600 tokens of this model, e.g. twenty tabs' chats of a few
+# hundred tokens each with room to spare (one tab may reserve half of it, RoomLimits).
+ROOM_KV_MEMORY = 512 * 1024 * 1024
+ROOM_MAX_BATCH = 32  # sequences in one engine step: a room of twenty tabs steps together
+
+
+def new_room(base: Engine, kv_memory: int | None = None, limits: RoomLimits | None = None) -> Room:
+    """A room: a new engine on `base`'s weights with a KV pool of its own, instrumented the way the lab shows.
+
+    The lab shows everything: attention of every layer and head, a 5-deep logit lens, norms, embeddings, for
+    the sequences their owners focus on. Attention is kept within a per-step budget (the last query rows that
+    fit; the charts say so): a long prompt's prefill would otherwise keep 30 layers x 9 heads x T x T floats
+    (+1.6 GB at 1,400 tokens)."""
+    eng = base.session(kv_memory=kv_memory or ROOM_KV_MEMORY, max_num_seqs=ROOM_MAX_BATCH)
+    eng.instrument = Capture(lens_top_k=5, lens_max_positions=16, max_attention_bytes=ATTENTION_BUDGET)
+    eng.capture_seq_ids = set()
+    return Room(eng, limits)
 
 
 def request_key(request) -> str:
@@ -374,8 +434,11 @@ class SessionRegistry:
     """
 
     def __init__(self, base: Engine | None = None, idle_timeout_s: float = 1800.0, kv_memory: int | None = None,
-                 max_sessions: int = 24, socketless_timeout_s: float = 300.0, sweep_every_s: float = 10.0):
+                 max_sessions: int = 24, socketless_timeout_s: float = 300.0, sweep_every_s: float = 10.0,
+                 limits: RoomLimits | None = None):
         self.base = base
+        self.limits = limits
+        self._room: Room | None = None
         self.sessions: dict[str, LabSession] = {}
         self.idle_timeout_s = idle_timeout_s
         self.socketless_timeout_s = socketless_timeout_s
@@ -393,6 +456,15 @@ class SessionRegistry:
                                          name="session-sweeper")
         self._sweeper.start()
 
+    @property
+    def room(self) -> Room | None:
+        """The one room every tab joins (made on first use, once the model has loaded)."""
+        if self._room is None and self.base is not None:
+            with self._lock:
+                if self._room is None:
+                    self._room = new_room(self.base, self.kv_memory, self.limits)
+        return self._room
+
     def get(self, key: str) -> LabSession:
         """The tab's session, created on its first Gradio event (within the cap)."""
         with self._lock:
@@ -405,13 +477,14 @@ class SessionRegistry:
             if self.base is None:  # a replayed trace (put) works without a model; a live session does not
                 raise RuntimeError("the model is still loading")
         self.sweep()
+        room = self.room
         with self._lock:
             if key in self.sessions:  # another event of the same tab made it meanwhile
                 return self.sessions[key]
             if len(self.sessions) >= self.max_sessions:
                 raise LabFull(f"the lab is full: {len(self.sessions)} visitors are using it now "
                               f"(at most {self.max_sessions}); try again in a minute")
-            s = self.sessions[key] = LabSession.create(self.base, self.kv_memory)
+            s = self.sessions[key] = LabSession.create(room)
             s.tab_key = key
         self.on_create(key)
         return s
@@ -489,12 +562,9 @@ class SessionRegistry:
             release_memory()
 
     def kv_blocks_used(self) -> int:
-        """KV blocks held by the live sessions' sequences, all tabs together (a replay holds none)."""
-        used = 0
-        for s in list(self.sessions.values()):
-            if isinstance(s, LabSession):
-                used += s.engine.kv_stats()["used"]
-        return used
+        """KV blocks held by the room's sequences, all tabs and the lecture together (a replay holds none)."""
+        room = self._room
+        return 0 if room is None else room.engine.kv_stats()["used"]
 
     def sweep(self) -> None:
         """Free sessions idle past their timeout (see the class docstring)."""

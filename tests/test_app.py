@@ -146,15 +146,21 @@ def test_run_streams_until_done_and_bad_input_is_a_message(lab):
     assert "il-msg-error" not in out["html"].get("html-message", "")
 
 
-def test_sessions_are_independent_and_freed(lab):
+def test_tabs_share_one_engine_own_their_sequences_and_free_them_on_close(lab):
     h, registry = lab
     h.step(*args(prompt="What is gravity?"), request=req("a"))
     h.step(*args(prompt="Что такое гравитация?"), request=req("b"))
     a, b = registry.sessions["a"], registry.sessions["b"]
-    assert a.engine is not b.engine and a.engine.kv is not b.engine.kv
-    assert a.engine.blocks.stats()["used"] > 0
+    eng = a.engine
+    assert eng is b.engine and a.owner != b.owner  # one engine for the room, one owner per tab
+    mine = eng.seq_ids(a.owner)
+    assert mine == [a.focus] and eng.seq_view(a.focus).num_blocks > 0
+    with pytest.raises(ValueError, match="not one of"):
+        b.seq_view(a.focus)  # a tab never reads another's sequence
+    b_blocks = eng.seq_view(b.focus).num_blocks
     registry.drop("a")
-    assert "a" not in registry.sessions and a.engine.blocks.stats()["used"] == 0
+    assert "a" not in registry.sessions and eng.seq_ids(a.owner) == []
+    assert eng.kv_stats()["used"] == b_blocks  # a's blocks went back to the pool at once
 
 
 def test_concurrent_sessions_do_not_disturb_each_other(lab):

@@ -1,0 +1,327 @@
+"""One engine for the whole room: every tab, the lecture and API clients own sequences in one shared engine.
+
+A workshop is the best demonstration of continuous batching there is, if the room's own requests are batched.
+So there is one scheduler and one KV pool per process, and each party is an *owner* (a public label such as
+"tab 3"; the secret that names a tab's session never reaches the engine). An owner's Step grants its sequences
+one engine step; Run grants steps until Pause. One loop thread steps the engine whenever any owner holds a
+grant, and every granted owner's sequences go into the same step (chunked prefill and decode mixed); the
+others are held, keeping their KV blocks (engine.Engine.step(owners=...)). Each owner then receives its share
+of the step's event (StepEvent.for_owner): its own sequences in full, of everyone else only who was there.
+
+Bounded for strangers: an owner may hold at most `max_seqs_per_owner` unfinished sequences, reserve at most
+`max_blocks_per_owner` KV blocks (its requests' worst case: prompt plus max_tokens) and
+`max_prompt_tokens_per_owner` prompt tokens; the room holds at most `max_seqs` unfinished sequences. A request
+past a cap is refused with a message before it reaches the engine; everyone else proceeds.
+
+`history` keeps one small record per step for the room view (app/charts/room.py): the batch in brief, who was
+admitted, preempted or finished, the queue and the pool. Records hold labels and counts, never tokens or text.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from engine import Engine, SamplingParams, StepEvent, StepFailed
+
+log = logging.getLogger("inferlab")
+
+HISTORY = 600  # room records kept (a lecture's worth of steps)
+INBOX = 400  # events an owner may have waiting to be read (a Run whose page renders slower than the engine)
+
+
+@dataclass(frozen=True)
+class RoomLimits:
+    max_seqs_per_owner: int = 8
+    max_blocks_per_owner: int | None = None  # None: half the pool
+    max_prompt_tokens_per_owner: int = 16384
+    max_seqs: int = 256  # unfinished sequences in the whole room
+
+
+@dataclass
+class Owner:
+    label: str
+    capture: Callable[[], set[int]]  # the sequences whose insides this owner views (attention, lens, ...)
+    grant: float = 0  # engine steps granted and not yet run (math.inf: Run)
+    served: int = 0  # steps run while this owner held a grant
+    inbox: deque = field(default_factory=lambda: deque(maxlen=INBOX))
+    error: Exception | None = None  # a failed step, raised to the owner's waiting call
+    seq_ids: set[int] = field(default_factory=set)
+    tokens: int = 0  # tokens generated for this owner, all time
+
+
+class Room:
+    def __init__(self, engine: Engine, limits: RoomLimits | None = None):
+        self.engine = engine
+        self.limits = limits or RoomLimits()
+        pool = engine.kv_stats()["num_blocks"]
+        self.max_blocks_per_owner = self.limits.max_blocks_per_owner or max(1, pool // 2)
+        self.history: deque[dict] = deque(maxlen=HISTORY)
+        self._owners: dict[str, Owner] = {}
+        self._counters: Counter = Counter()  # owner kind -> labels handed out
+        self._cond = threading.Condition()
+        self._closed = False
+        self.steps = 0
+        self.tokens = 0
+        self.batch_sizes: Counter = Counter()  # sequences per step -> steps
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="room-engine-loop")
+        self._thread.start()
+
+    # ---- owners -----------------------------------------------------------------------------------------
+    def join(self, kind: str = "tab", capture: Callable[[], set[int]] | None = None) -> str:
+        """A new owner; returns its public label ("tab 3", "lecture 1", "api 2")."""
+        with self._cond:
+            self._counters[kind] += 1
+            label = f"{kind} {self._counters[kind]}"
+            self._owners[label] = Owner(label, capture or set)
+            return label
+
+    def leave(self, owner: str) -> None:
+        """The owner is gone (its tab closed): its sequences are released and their blocks freed at once."""
+        self.release(owner)
+        with self._cond:
+            o = self._owners.pop(owner, None)
+            if o is not None:
+                o.grant = 0
+            self._cond.notify_all()
+
+    def release(self, owner: str) -> None:
+        """Abort and forget every sequence of this owner (Reset)."""
+        with self._cond:
+            o = self._owner(owner)
+            ids, o.seq_ids = list(o.seq_ids), set()
+            o.inbox.clear()
+            o.grant = 0
+            self._cond.notify_all()
+        self.engine.release(ids)
+
+    def _owner(self, owner: str) -> Owner:
+        o = self._owners.get(owner)
+        if o is None:
+            raise ValueError("this session has left the room; reload the page")
+        return o
+
+    def check_owner(self, owner: str, seq_id: int) -> None:
+        """Owners act on their own sequences only (the engine's ids are small integers anyone can guess)."""
+        if seq_id not in self._owner(owner).seq_ids:
+            raise ValueError(f"sequence {seq_id} is not one of yours")
+
+    # ---- requests, within the caps ------------------------------------------------------------------------
+    def add_request(self, owner: str, prompt_ids: list[int], text: str, params: SamplingParams,
+                    speculative=None) -> int:
+        self._check_caps(owner, len(prompt_ids), params)
+        sid = self.engine.add_request(prompt_ids=prompt_ids, prompt=text, params=params, speculative=speculative,
+                                      owner=owner)
+        with self._cond:
+            self._owner(owner).seq_ids.add(sid)
+        return sid
+
+    def branch(self, owner: str, seq_id: int, num_output_tokens: int) -> int:
+        self.check_owner(owner, seq_id)
+        v = self.engine.seq_view(seq_id)
+        self._check_caps(owner, len(v.prompt_ids), v.params)
+        sid = self.engine.branch(seq_id, num_output_tokens)
+        with self._cond:
+            self._owner(owner).seq_ids.add(sid)
+        return sid
+
+    def _check_caps(self, owner: str, prompt_len: int, params: SamplingParams) -> None:
+        lim = self.limits
+        o = self._owner(owner)
+        live = [v for v in (self._view(s) for s in list(o.seq_ids)) if v is not None and not v.finished]
+        if len(live) >= lim.max_seqs_per_owner:
+            raise ValueError(f"you have {len(live)} unfinished sequences, the most one visitor may run at once "
+                             f"({lim.max_seqs_per_owner}); let one finish or press Reset")
+        prompt_tokens = sum(len(v.prompt_ids) for v in live) + prompt_len
+        if prompt_tokens > lim.max_prompt_tokens_per_owner:
+            raise ValueError(f"your sequences' prompts would hold {prompt_tokens} tokens; one visitor may hold "
+                             f"{lim.max_prompt_tokens_per_owner}; shorten the prompt or press Reset")
+        blocks = sum(self._worst_blocks(len(v.prompt_ids), v.params) for v in live)
+        need = self._worst_blocks(prompt_len, params)
+        if blocks + need > self.max_blocks_per_owner:
+            raise ValueError(f"this request may need {need} KV blocks and yours already reserve {blocks}; one "
+                             f"visitor may reserve {self.max_blocks_per_owner} of the room's shared pool; lower "
+                             f"max_tokens, shorten the prompt or press Reset")
+        with self._cond:
+            total = sum(len(x.seq_ids) for x in self._owners.values())
+        if total >= lim.max_seqs:
+            raise ValueError(f"the room's engine holds {total} sequences, its limit; try again in a minute")
+
+    def _worst_blocks(self, prompt_len: int, params: SamplingParams) -> int:
+        tokens = min(prompt_len + params.max_tokens, self.engine.max_model_len)
+        return math.ceil(tokens / self.engine.block_size)
+
+    def _view(self, seq_id: int):
+        try:
+            return self.engine.seq_view(seq_id)
+        except ValueError:  # released meanwhile
+            return None
+
+    # ---- grants -----------------------------------------------------------------------------------------
+    def step(self, owner: str) -> list[StepEvent]:
+        """Grant this owner's sequences one engine step and wait for it; returns the owner's new events (its
+        share of every step run for it since it last asked; empty when it has nothing to run)."""
+        with self._cond:
+            o = self._owner(owner)
+            if not self.engine.has_unfinished(owner):
+                return self._take(o)
+            target = o.served + 1
+            if o.grant != math.inf:
+                o.grant += 1
+            self._cond.notify_all()
+            while o.served < target and owner in self._owners and not self._closed:
+                self._cond.wait(1.0)
+            return self._take(o)
+
+    def run(self, owner: str) -> None:
+        """Grant steps until `pause` (or until the owner's sequences have all finished)."""
+        with self._cond:
+            self._owner(owner).grant = math.inf
+            self._cond.notify_all()
+
+    def pause(self, owner: str) -> None:
+        with self._cond:
+            o = self._owners.get(owner)
+            if o is not None and o.grant == math.inf:
+                o.grant = 0
+            self._cond.notify_all()
+
+    def wait(self, owner: str, timeout: float = 30.0) -> list[StepEvent]:
+        """A running owner's next events: returns as soon as there are some, or when its grant has ended."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            o = self._owner(owner)
+            while not o.inbox and o.error is None and o.grant > 0 and owner in self._owners:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 1.0))
+            return self._take(o)
+
+    def running(self, owner: str) -> bool:
+        o = self._owners.get(owner)
+        return o is not None and o.grant == math.inf
+
+    def _take(self, o: Owner) -> list[StepEvent]:
+        if o.error is not None:
+            exc, o.error = o.error, None
+            raise exc
+        events = list(o.inbox)
+        o.inbox.clear()
+        return events
+
+    # ---- the engine loop --------------------------------------------------------------------------------
+    def _granted(self) -> list[Owner]:
+        """Owners holding a grant and having work; a grant with nothing left to run ends here."""
+        out = []
+        for o in self._owners.values():
+            if o.grant > 0:
+                if self.engine.has_unfinished(o.label):
+                    out.append(o)
+                else:
+                    o.grant, o.served = 0, o.served + 1
+                    self._cond.notify_all()
+        return out
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                granted = self._granted()
+                while not granted and not self._closed:
+                    self._cond.wait(1.0)
+                    granted = self._granted()
+                if self._closed:
+                    return
+                capture: set[int] = set()
+                for o in granted:
+                    capture |= o.capture() & o.seq_ids
+            self.engine.capture_seq_ids = capture  # only what the granted owners view is instrumented
+            try:
+                event = self.engine.step(trace=True, owners=[o.label for o in granted])
+            except StepFailed as exc:
+                self._failed(granted, exc)
+                continue
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive anything; owners get the error
+                log.exception("room step failed")
+                self._failed(granted, exc)
+                continue
+            self._deliver(granted, event)
+
+    def _failed(self, granted: list[Owner], exc: Exception) -> None:
+        with self._cond:
+            for o in granted:
+                o.error, o.grant, o.served = exc, 0, o.served + 1
+            self._cond.notify_all()
+
+    def _deliver(self, granted: list[Owner], event: StepEvent) -> None:
+        record = self._record(event)
+        with self._cond:
+            for o in granted:
+                if o.grant != math.inf:
+                    o.grant -= 1
+                o.served += 1
+                if o.label in self._owners:
+                    o.inbox.append(event.for_owner(o.label))
+            for b in event.batch:
+                x = self._owners.get(b["owner"])
+                if x is not None:
+                    x.tokens += b["num_emitted"]
+            self.history.append(record)
+            self.steps += 1
+            self.tokens += sum(b["num_emitted"] for b in event.batch)
+            self.batch_sizes[len(event.batch)] += 1
+            self._cond.notify_all()
+
+    def _record(self, event: StepEvent) -> dict:
+        """The step in brief for the room view (labels and counts only)."""
+        owner = event.owners.get
+        reasons = {s.seq_id: s.finish_reason for s in event.seqs}
+        kv = event.kv
+        queried = kv.get("prefix_query_tokens", 0)
+        return {
+            "step": event.step, "t": time.time(), "step_ms": event.timing.get("step_ms"),
+            "batch": [{**b, "phase": "verify" if b.get("num_drafted") else b["phase"]} for b in event.batch],
+            "admitted": [{"seq_id": s, "owner": owner(s, "")} for s in event.admitted],
+            "preempted": [{"seq_id": s, "owner": owner(s, "")} for s in event.preempted],
+            "finished": [{"seq_id": s, "owner": owner(s, ""), "reason": reasons.get(s)} for s in event.finished],
+            "waiting": [{"seq_id": s, "owner": owner(s, "")} for s in event.waiting],
+            "held": len(set(event.running) - {b["seq_id"] for b in event.batch}),
+            "pool": {"num_blocks": kv.get("num_blocks"), "used": kv.get("used"), "cached": kv.get("cached"),
+                     "free": kv.get("free"), "shared": kv.get("shared"), "hit_tokens": kv.get("prefix_hit_tokens"),
+                     "prompt_tokens": queried,
+                     "hit_rate": kv.get("prefix_hit_tokens", 0) / queried if queried else None},
+        }
+
+    # ---- what the room view and /healthz read ------------------------------------------------------------
+    def records(self) -> list[dict]:
+        with self._cond:
+            return list(self.history)
+
+    def block_owners(self) -> list[str]:
+        """Each block of the shared pool: "" free, "cached", "shared" (held by several owners), or its owner."""
+        states = self.engine.kv_block_states()
+        owner_of = self.engine.seq_owners()
+        out = []
+        for b in states:
+            owners = {owner_of.get(s, "") for s in b["owners"]}
+            if not owners:
+                out.append("cached" if b["state"] == "cached" else "")
+            else:
+                out.append(owners.pop() if len(owners) == 1 else "shared")
+        return out
+
+    def stats(self) -> dict:
+        with self._cond:
+            return {"owners": len(self._owners), "steps": self.steps, "tokens": self.tokens,
+                    "batch_hist": {str(k): v for k, v in sorted(self.batch_sizes.items())},
+                    "max_batch": max(self.batch_sizes, default=0),
+                    "running": sum(1 for o in self._owners.values() if o.grant == math.inf)}
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
