@@ -468,6 +468,12 @@ class Page:
         for fn in self.gapp.triggered("reset", "click"):
             await self.event(fn)
 
+    async def use_prompt(self, n: int) -> None:
+        """The n-th of PROMPTS in the prompt box, the page in its language."""
+        lang, prompt = PROMPTS[n % len(PROMPTS)]
+        self.set("prompt", prompt)
+        await self.switch_lang(lang)
+
     async def switch_lang(self, lang: str) -> None:
         if self.get("lang") == lang:
             return
@@ -475,6 +481,19 @@ class Page:
         # every server-side listener of the radio's change (relabel, calculators, ...), as the page fires them
         for fn in self.gapp.triggered("lang", "change"):
             await self.event(fn)
+
+
+async def open_page(page: Page, i: int, max_tokens: int | None, prompt_no: int) -> Page:
+    """Client i's page loaded (failures counted on its stats), with its seed, max tokens and the prompt_no-th prompt."""
+    page.set("seed", 1000 + i)  # per client: the rooms' streams differ
+    if max_tokens is not None:
+        page.set("max_tokens", max_tokens)
+    try:
+        await page.open()  # the page-load events read no prompt: it is typed (and the language chosen) after
+        await page.use_prompt(prompt_no)
+    except Exception as exc:  # noqa: BLE001
+        page.stats.error("page open failed", f"{type(exc).__name__}: {exc}")
+    return page
 
 
 async def user(i: int, base: str, gapp: GradioApp, stats: Stats, args, stop: asyncio.Event) -> None:
@@ -488,18 +507,7 @@ async def user(i: int, base: str, gapp: GradioApp, stats: Stats, args, stop: asy
         return time.monotonic() + rng.expovariate(1 / args.churn_every) if churner else math.inf
 
     async def new_page() -> Page:
-        page = Page(base, gapp, stats)
-        page.set("seed", 1000 + i)  # per client: the rooms' streams differ
-        if args.max_tokens is not None:
-            page.set("max_tokens", args.max_tokens)
-        lang, prompt = PROMPTS[prompt_no % len(PROMPTS)]
-        page.set("prompt", prompt)
-        try:
-            await page.open()
-            await page.switch_lang(lang)
-        except Exception as exc:  # noqa: BLE001
-            stats.error("page open failed", f"{type(exc).__name__}: {exc}")
-        return page
+        return await open_page(Page(base, gapp, stats), i, args.max_tokens, prompt_no)
 
     await asyncio.sleep(rng.uniform(0, min(3.0, args.minutes * 6)))  # a room does not arrive in one instant
     page = await new_page()
@@ -534,9 +542,7 @@ async def user(i: int, base: str, gapp: GradioApp, stats: Stats, args, stop: asy
             if finished or steps_since_reset >= reset_after:
                 # the next request gets the next prompt, in its language
                 prompt_no += 1
-                lang, prompt = PROMPTS[prompt_no % len(PROMPTS)]
-                page.set("prompt", prompt)
-                await page.switch_lang(lang)
+                await page.use_prompt(prompt_no)
                 # finished: half the people press Reset, the others just Step again (a new request starts)
                 if steps_since_reset >= reset_after or rng.random() < 0.5:
                     await page.reset()
@@ -695,18 +701,88 @@ def report(stats: Stats, freed_s: float | None, last: dict, args, server_traceba
     return ok
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--clients", type=int, default=20)
-    ap.add_argument("--minutes", type=float, default=5.0)
-    ap.add_argument("--interval", type=float, default=60.0,
-                    help="seconds per table row; the first row is the warm-up the RSS growth is measured from")
+# ---- shared with bench/room.py: the server a bench starts or attaches to --------------------------------
+def server_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--url", default="", help="attach to a running server, e.g. http://127.0.0.1:7860 (the freed target expects these clients to "
                          "be its only visitors)")
     ap.add_argument("--pid", type=int, default=None,
                     help="with --url: the server's pid for RSS (default: whoever listens on the url's local port)")
     ap.add_argument("--port", type=int, default=0, help="port for the server this script starts (default: a free one)")
     ap.add_argument("--max-sessions", type=int, default=None, help="for the started server (default: clients + 4)")
+    ap.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for the model to load")
+    ap.add_argument("--server-log", default="", help="keep the started server's output here")
+
+
+def bring_up(args, what: str, log_prefix: str):
+    """Start `python -m app` (or attach to --url) and wait until its model is ready: (base url, process or None,
+    server pid or None, log path or None); None (after printing why, the server stopped) when it is not."""
+    proc, log_path, pid = None, None, args.pid
+    if args.url:
+        base = args.url.rstrip("/")
+    else:
+        port = args.port or free_port()
+        base = f"http://127.0.0.1:{port}"
+        log_path = Path(args.server_log) if args.server_log else Path(tempfile.mkdtemp(prefix=log_prefix)) / "server.log"
+        proc = start_server(port, args.max_sessions or args.clients + 4, log_path)
+        pid = proc.pid
+    try:
+        t = time.monotonic()
+        asyncio.run(wait_ready(base, proc, args.ready_timeout))
+        if pid is None and re.match(r"https?://(127\.0\.0\.1|localhost)(:\d+)?$", base):
+            # looked up once it answers: a server still starting may not listen yet
+            pid = pid_listening_on(int(base.rsplit(":", 1)[1]) if base.count(":") == 2 else 80)
+        idle = rss_bytes(pid)
+        print(f"server {base} ready after {time.monotonic() - t:.1f} s (pid {pid if pid else 'unknown'}, RSS "
+              f"{f'{idle / 2**20:.0f} MB' if idle else 'n/a'}); {what}", flush=True)
+    except (RuntimeError, httpx.HTTPError) as exc:
+        print(f"SUMMARY: server not available: {exc} => FAIL")
+        if log_path is not None and log_path.exists():
+            print(log_path.read_text()[-3000:])
+        if proc is not None:
+            stop_server(proc)
+        return None
+    except BaseException:
+        if proc is not None:
+            stop_server(proc)
+        raise
+    return base, proc, pid, log_path
+
+
+def with_server(args, what: str, log_prefix: str, work):
+    """bring_up, then asyncio.run(work(base url, server pid)), then the started server stopped: (work's result,
+    the server's exit code if it exited meanwhile else None, server_tracebacks); None if it was not available."""
+    up = bring_up(args, what, log_prefix)
+    if up is None:
+        return None
+    base, proc, pid, log_path = up
+    try:
+        result = asyncio.run(work(base, pid))
+        exited = proc.returncode if proc is not None and proc.poll() is not None else None
+    finally:
+        if proc is not None:
+            stop_server(proc)
+    return result, exited, server_tracebacks(log_path)
+
+
+def server_tracebacks(log_path: Path | None) -> int | None:
+    """Tracebacks in the log of the server this script started (the first one printed); None without a log."""
+    if log_path is None or not log_path.exists():
+        return None
+    text = log_path.read_text(errors="replace")
+    tracebacks = text.count("Traceback (most recent call last)")
+    if tracebacks:
+        i = text.find("Traceback (most recent call last)")
+        print(f"server log ({log_path}), first traceback:\n{text[i:i + 3000]}")
+    return tracebacks
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--interval", type=float, default=60.0,
+                    help="seconds per table row; the first row is the warm-up the RSS growth is measured from")
+    server_options(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--think-min", type=float, default=0.5, help="seconds between a step's payload and the next click")
     ap.add_argument("--think-max", type=float, default=2.0)
@@ -717,50 +793,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-timeout", type=float, default=60.0, help="a step payload later than this is an error")
     ap.add_argument("--free-timeout", type=float, default=60.0, help="target: all freed within this after the close")
     ap.add_argument("--rss-growth", type=float, default=0.10, help="target: RSS growth after warm-up below this")
-    ap.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for the model to load")
-    ap.add_argument("--server-log", default="", help="keep the started server's output here")
     args = ap.parse_args(argv)
     if args.clients < 1 or args.minutes <= 0 or args.interval <= 0:
         ap.error("--clients, --minutes and --interval must be positive")
 
-    proc, log_path, pid = None, None, args.pid
-    if args.url:
-        base = args.url.rstrip("/")
-    else:
-        port = args.port or free_port()
-        base = f"http://127.0.0.1:{port}"
-        log_path = Path(args.server_log) if args.server_log else Path(tempfile.mkdtemp(prefix="soak-")) / "server.log"
-        proc = start_server(port, args.max_sessions or args.clients + 4, log_path)
-        pid = proc.pid
-    try:
-        try:
-            t = time.monotonic()
-            asyncio.run(wait_ready(base, proc, args.ready_timeout))
-            if pid is None and re.match(r"https?://(127\.0\.0\.1|localhost)(:\d+)?$", base):
-                # looked up once it answers: a server still starting may not listen yet
-                pid = pid_listening_on(int(base.rsplit(":", 1)[1]) if base.count(":") == 2 else 80)
-            idle = rss_bytes(pid)
-            print(f"server {base} ready after {time.monotonic() - t:.1f} s (pid {pid if pid else 'unknown'}, RSS "
-                  f"{f'{idle / 2**20:.0f} MB' if idle else 'n/a'}); {args.clients} clients for {args.minutes:g} min",
-                  flush=True)
-        except (RuntimeError, httpx.HTTPError) as exc:
-            print(f"SUMMARY: server not available: {exc} => FAIL")
-            if log_path is not None and log_path.exists():
-                print(log_path.read_text()[-3000:])
-            return 2
-        stats, freed_s, last = asyncio.run(soak(base, pid, args))
-        if proc is not None and proc.poll() is not None:
-            stats.error("server exited", f"code {proc.returncode}")
-    finally:
-        if proc is not None:
-            stop_server(proc)
-    tracebacks = None
-    if log_path is not None and log_path.exists():
-        text = log_path.read_text(errors="replace")
-        tracebacks = text.count("Traceback (most recent call last)")
-        if tracebacks:
-            i = text.find("Traceback (most recent call last)")
-            print(f"server log ({log_path}), first traceback:\n{text[i:i + 3000]}")
+    done = with_server(args, f"{args.clients} clients for {args.minutes:g} min", "soak-",
+                       lambda base, pid: soak(base, pid, args))
+    if done is None:
+        return 2
+    (stats, freed_s, last), exited, tracebacks = done
+    if exited is not None:
+        stats.error("server exited", f"code {exited}")
     return 0 if report(stats, freed_s, last, args, tracebacks) else 1
 
 
