@@ -80,6 +80,62 @@ UI = {
     "other_presents": {"en": "Another tab is presenting", "ru": "Лекцию ведёт другая вкладка"},
     "nobody_presents": {"en": "Nobody is presenting", "ru": "Сейчас никто не ведёт лекцию"},
     "viewers": {"en": "viewers", "ru": "зрителей"},
+    # the room panel (app/charts/room.py): one shared engine, every tab's sequences batched together
+    "room_you": {"en": "you", "ru": "вы"},
+    "room_no_steps": {"en": "No steps yet: press Step or Run — every tab's steps appear here.",
+                      "ru": "Шагов ещё нет: нажмите «Шаг» или «Запуск» — здесь появятся шаги всех вкладок."},
+    "room_replay": {"en": "A recording holds one tab's view only: the room's shared engine is shown live.",
+                    "ru": "Запись хранит вид только одной вкладки: общий движок комнаты виден только вживую."},
+    "room_more": {"en": "+{n} more", "ru": "ещё {n}"},
+    "room_step": {"en": "step", "ru": "шаг"},
+    "room_seq": {"en": "seq", "ru": "посл."},
+    "room_batch": {"en": "Who is in each step", "ru": "Кто в каждом шаге"},
+    "room_batch_title": {"en": "Who is in each step: one block per sequence, coloured by tab (last {n} steps)",
+                         "ru": "Кто в каждом шаге: блок на последовательность, цвет — вкладка (последние {n} шагов)"},
+    "room_seqs": {"en": "sequences in the step", "ru": "последовательностей в шаге"},
+    "room_phase_prefill": {"en": "prefill", "ru": "префилл"},
+    "room_phase_decode": {"en": "decode", "ru": "декодирование"},
+    "room_phase_verify": {"en": "speculative verify", "ru": "проверка черновика"},
+    "room_processed": {"en": "tokens processed", "ru": "токенов обработано"},
+    "room_emitted": {"en": "emitted", "ru": "выдано"},
+    "room_pool": {"en": "Shared KV pool", "ru": "Общий пул KV"},
+    "room_pool_title": {"en": "Shared KV pool: {used} of {n} blocks in use · {cached} cached",
+                        "ru": "Общий пул KV: занято {used} из {n} блоков · {cached} в кэше"},
+    "room_hit": {"en": "hit rate {pct} %: {hit} of {prompt} prompt tokens served from cache",
+                 "ru": "попадания {pct} %: {hit} из {prompt} токенов запросов взяты из кэша"},
+    "room_no_hit": {"en": "prefix hit rate: no prompt looked up yet", "ru": "попадания в префиксный кэш: запросов ещё не было"},
+    "room_no_pool": {"en": "The shared pool appears after the next step.",
+                     "ru": "Общий пул появится после следующего шага."},
+    "room_shared": {"en": "shared by several tabs", "ru": "общий для нескольких вкладок"},
+    "room_cached": {"en": "cached (free, prefix kept)", "ru": "в кэше (свободен, префикс сохранён)"},
+    "room_free": {"en": "free", "ru": "свободен"},
+    "room_block": {"en": "block", "ru": "блок"},
+    "room_blocks": {"en": "blocks", "ru": "блоки"},
+    "room_tps": {"en": "Throughput", "ru": "Пропускная способность"},
+    "room_tps_title": {"en": "Tokens per second: the whole room vs each tab (last {w} s)",
+                       "ru": "Токенов в секунду: вся комната и каждая вкладка (за {w} с)"},
+    "room_all": {"en": "room (all tabs)", "ru": "комната (все вкладки)"},
+    "room_time": {"en": "seconds (0 = the latest step)", "ru": "секунды (0 — последний шаг)"},
+    "room_tok_s": {"en": "tok/s", "ru": "ток/с"},
+    "room_size": {"en": "Batch size", "ru": "Размер батча"},
+    "room_size_title": {"en": "Batch size per step, and who is kept waiting",
+                        "ru": "Размер батча на каждом шаге и кто ждёт"},
+    "room_in_batch": {"en": "in the step", "ru": "в шаге"},
+    "room_held": {"en": "held (keep their KV)", "ru": "отложены (KV сохранён)"},
+    "room_waiting": {"en": "waiting in the queue", "ru": "ждут в очереди"},
+    "room_one": {"en": "1 = no batching", "ru": "1 — без батчинга"},
+    "room_count": {"en": "sequences", "ru": "последовательности"},
+    "room_log": {"en": "Room events", "ru": "События комнаты"},
+    "room_no_events": {"en": "No admissions, preemptions or finishes yet.",
+                       "ru": "Пока никого не приняли, не вытеснили и не завершили."},
+    "room_admitted": {"en": "admitted", "ru": "принята"},
+    "room_preempted": {"en": "preempted: KV pool full, will recompute",
+                       "ru": "вытеснена: пул KV заполнен, будет пересчитана"},
+    "room_finished": {"en": "finished", "ru": "завершена"},
+    "room_reason_eos": {"en": "end-of-sequence token", "ru": "токен конца"},
+    "room_reason_length": {"en": "max tokens reached", "ru": "достигнут лимит токенов"},
+    "room_reason_stop": {"en": "stop string", "ru": "стоп-строка"},
+    "room_reason_abort": {"en": "cancelled", "ru": "отменена"},
     "tour": {"en": "Guided tour", "ru": "Экскурсия"},
     "spec_box": {"en": "Speculative decoding", "ru": "Спекулятивное декодирование"},
     "spec_on": {"en": "Draft and verify (applies to new requests)", "ru": "Черновик и проверка (для новых запросов)"},
@@ -225,6 +281,19 @@ PANELS = [
             "берётся из остатка max(p − q, 0), а если приняты все — модель добавляет бонусный токен. Выход имеет "
             "в точности распределение модели, но один проход даёт до k+1 токенов; KV-слоты отвергнутых токенов "
             "откатываются."}),
+    ("room", {"en": "10 · The room: one engine for everyone", "ru": "10 · Комната: один движок на всех"},
+     {"en": "Every tab in this room talks to ONE engine. Each step batches the sequences of every tab that is "
+            "running into a single forward pass, so when everyone presses Run at once the batches grow and the "
+            "room's tokens per second rise while each tab's own speed stays about the same. Sequences not in a "
+            "step are held: they keep their KV blocks and continue where they stopped. Tabs that share a prompt "
+            "prefix (the same system prompt) share its KV blocks; when the pool is full the engine preempts a "
+            "sequence and recomputes it later.",
+      "ru": "Все вкладки этой комнаты работают с ОДНИМ движком. Каждый шаг собирает последовательности всех "
+            "запущенных вкладок в один прямой проход: когда все разом нажимают «Запуск», батчи растут, и "
+            "токенов в секунду у комнаты становится больше, а скорость каждой вкладки почти не меняется. "
+            "Последовательности вне шага отложены: их блоки KV сохраняются, и они продолжают с того же места. "
+            "Вкладки с общим началом запроса (одинаковый системный промпт) делят его блоки KV; когда пул "
+            "заполнен, движок вытесняет последовательность и позже пересчитывает её."}),
 ]
 
 

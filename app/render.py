@@ -11,7 +11,7 @@ import html
 import json
 import logging
 
-from .charts import attention, detok, embeddings, kv_cache, logits, sampling, speculative, timeline, tokens
+from .charts import attention, detok, embeddings, kv_cache, logits, room, sampling, speculative, timeline, tokens
 from .charts.common import empty
 from .i18n import PANELS, t
 from .panels import kv as kv_panel
@@ -23,7 +23,7 @@ CHART_IDS = ["chart-bytes", "chart-pca", "chart-neighbours", "chart-attention", 
              "chart-lens", "chart-logits", "chart-perplexity", "chart-sampling", "chart-cdf", "chart-detok",
              "chart-kv-pool", "chart-kv-tables", "chart-kv-memory", "chart-timeline", "chart-latency",
              "chart-roofline", "chart-spec-rounds", "chart-spec-pq", "chart-spec-alpha", "chart-spec-pass",
-             "chart-spec-speedup"]
+             "chart-spec-speedup", "chart-room-batch", "chart-room-pool", "chart-room-throughput", "chart-room-size"]
 
 # which chart containers sit in which panel (the page layout and the tests both use this)
 PANEL_CHARTS = {
@@ -36,11 +36,13 @@ PANEL_CHARTS = {
     "kv": ["chart-kv-pool", "chart-kv-tables", "chart-kv-memory"],
     "timeline": ["chart-timeline", "chart-roofline", "chart-latency"],
     "speculative": ["chart-spec-rounds", "chart-spec-pq", "chart-spec-alpha", "chart-spec-pass", "chart-spec-speedup"],
+    "room": ["chart-room-batch", "chart-room-pool", "chart-room-throughput", "chart-room-size"],
 }
 PANEL_HTML = {
     "template": ["html-template", "html-tokens", "html-bpe"],
     "detok": ["html-stream"],
     "kv": ["html-kv-formula"],
+    "room": ["html-room-log"],
 }
 
 
@@ -127,6 +129,7 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
         if last is not None:
             figs.put("chart-kv-pool", lambda: kv_cache.block_pool_chart(last, lang))
             figs.put("chart-timeline", lambda: timeline.timeline_chart(events, lang))
+        _room(s, lang, figs, htmls, failed)  # the room's steps show while this tab has nothing of its own
         return {"figs": dict(figs), "html": htmls}
 
     req = s.requests[sid]
@@ -208,7 +211,25 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     figs.put("chart-spec-alpha", lambda: speculative.acceptance_chart(spec, lang))
     figs.put("chart-spec-pass", lambda: speculative.tokens_per_pass_chart(spec, lang))
     figs.put("chart-spec-speedup", lambda: speculative.speedup_chart(getattr(s, "spec_comparison", None), lang))
+
+    # 10 · the room: the shared engine's steps, everyone's sequences
+    _room(s, lang, figs, htmls, failed)
     return {"figs": dict(figs), "html": htmls}
+
+
+def _room(s: LabView, lang: str, figs: _Lazy, htmls: dict, failed: str) -> None:
+    """The room panel from the session's room_records / room_blocks / room_me (a session without them, or a
+    replay, which holds one tab's view only, gets the panel's note)."""
+    records = list(getattr(s, "room_records", None) or [])
+    me = str(getattr(s, "room_me", "") or "")
+    replay = bool(getattr(s, "untrusted", False))
+    figs.put("chart-room-batch", lambda: room.batch_strip_chart(records, me, lang, replay))
+    # the pool's owners are read from the engine only when the pool chart is wanted
+    figs.put("chart-room-pool", lambda: room.pool_chart(list(getattr(s, "room_blocks", None) or []), records, me,
+                                                         lang, replay))
+    figs.put("chart-room-throughput", lambda: room.throughput_chart(records, me, lang, replay))
+    figs.put("chart-room-size", lambda: room.batch_size_chart(records, lang, replay))
+    htmls["html-room-log"] = figs.draw(lambda: room.event_log_html(records, me, lang, replay), lambda: failed)
 
 
 def what_if_payload(s: LabView, trace: dict, lang: str) -> dict:

@@ -516,6 +516,10 @@ class ReplaySession:
         self.running = False
         self.last_used = time.time()
         self._chosen: int | None = None
+        # the room panel's data (app/charts/room.py): a recording holds one tab's view only, so none
+        self.room_records: list[dict] = []
+        self.room_blocks: list[str] = []
+        self.room_me = ""
         self.seek(0)
 
     def _load(self, doc: dict) -> None:
