@@ -21,7 +21,13 @@ EN = "What is gravity?"
 
 
 def payload(s, lang="ru", layer=3, head=2, word="", npos=None, only=None):
-    return render.build_payload(s, lang, layer, head, word, npos, MACHINE, only=only)
+    """The page's payload without the room panel: a trace records one tab's view, not the room's (the replay
+    says so there; tests/test_charts_room.py checks that note)."""
+    p = render.build_payload(s, lang, layer, head, word, npos, MACHINE, only=only)
+    room = set(render.PANEL_CHARTS["room"]) | set(render.PANEL_HTML["room"])
+    for part in ("figs", "html"):
+        p[part] = {k: v for k, v in p[part].items() if k not in room}
+    return p
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +98,7 @@ def test_replay_reproduces_the_live_session(live):
     assert replay.focus == live["second"]  # the last frame records the focus as it was at export
     # every chart and HTML piece of the page; only the attention charts may differ, by ATTENTION_TOLERANCE
     rep = payload(replay, "en", layer=29, head=8, word="gravity", npos=5)
-    assert set(rep["figs"]) == set(render.CHART_IDS)
+    assert set(rep["figs"]) == set(render.CHART_IDS) - set(render.PANEL_CHARTS["room"])
     assert compare(live["at8_second"], rep) == []
     # the Russian request, focused by hand as on the page
     replay.focus = 0
@@ -154,7 +160,8 @@ def test_replay_cursor_is_read_only_and_model_free(live):
     replay.reset()
     assert replay.events == [] and replay.focus is None and replay.position == 0
     idle = payload(replay)
-    assert set(idle["figs"]) == set(render.CHART_IDS) and idle["html"]["html-tokens"] == ""
+    assert set(idle["figs"]) == set(render.CHART_IDS) - set(render.PANEL_CHARTS["room"])
+    assert idle["html"]["html-tokens"] == ""
     steps = []
     while (ev := replay.step()) is not None:
         steps.append(ev.step)
