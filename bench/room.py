@@ -99,7 +99,8 @@ class Client:
         new = 0
         if isinstance(chips, str):
             n = chips.count("data-gen-index=")
-            new = n - page.gen_seen if n >= page.gen_seen else n  # fewer chips: a new request started
+            # fewer chips: a new request started; as many: a re-render (the language radio relabels them)
+            new = n - page.gen_seen if n >= page.gen_seen else n
             page.gen_seen = n
         elif payload.get("op") == "step":
             new = 1  # a step payload without the chips: one token (every tab runs one sequence here)
@@ -251,7 +252,6 @@ async def step_loop(client: Client, page: RoomPage, args, stop: asyncio.Event) -
         kind, text = result
         if kind == "info" and any(m in text for m in FINISHED_MARKERS):
             client.finished += client.inside()
-            page.gen_seen = 0  # the next Step starts a new request
             prompt_no += 1
             await page.use_prompt(prompt_no)
     return page
