@@ -37,15 +37,33 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Run:
-    """Step until Pause or until every sequence has finished (see `steps`)."""
+class Force:  # the focused sequence's next token is `token_id`, whatever the sampler would pick
+    token_id: int
 
+
+@dataclass(frozen=True)
+class Run:  # step until Pause, or until every sequence has finished (Outcome.steps)
     request: Request | None = None
 
 
 @dataclass(frozen=True)
-class Pause:
+class Rewind:  # cut the focused sequence back to its first `n` generated tokens (later KV slots are released)
+    n: int
+
+
+@dataclass(frozen=True)
+class Branch(Rewind):  # a new sequence sharing the focused one's first `n` generated tokens and their KV blocks
     pass
+
+
+@dataclass(frozen=True)
+class Focus:  # show sequence `seq_id` in the per-sequence panels
+    seq_id: int
+
+
+@dataclass(frozen=True)
+class WhatIf:  # the focused sequence's last sampling chain, recomputed for `params` (no engine step)
+    params: SamplingParams
 
 
 @dataclass(frozen=True)
@@ -57,33 +75,13 @@ class Add:
 
 
 @dataclass(frozen=True)
-class Reset:
+class Pause:  # stop a Run after its current step
     pass
 
 
 @dataclass(frozen=True)
-class Force:
-    token_id: int
-
-
-@dataclass(frozen=True)
-class Rewind:
-    n: int
-
-
-@dataclass(frozen=True)
-class Branch:
-    n: int
-
-
-@dataclass(frozen=True)
-class Focus:
-    seq_id: int
-
-
-@dataclass(frozen=True)
-class WhatIf:
-    params: SamplingParams
+class Reset:  # forget every request and step (with a tab's Context: a fresh session)
+    pass
 
 
 @dataclass

@@ -42,10 +42,15 @@ def calc_charts_html() -> str:
 
 
 def panels_html() -> str:
-    """The static skeleton: one section per stage with its chart containers (filled by lab.js). It carries the
-    page constants (app/protocol.py): the follower page (/follow) is this HTML as is, so its script runs there;
-    in the Gradio page it does not, and the panels component runs the same constants on load instead."""
-    parts = [constants_script(), '<div id="html-pipeline" class="il-pipeline"></div>', '<div id="html-message"></div>',
+    """The follower page's panels (/follow serves this HTML as is): the skeleton, led by the page constants
+    (app/protocol.py) that follow.js and lab.js read. The Gradio page runs the same constants on load instead
+    (a script inside a gr.HTML value never runs)."""
+    return constants_script() + panels_skeleton()
+
+
+def panels_skeleton() -> str:
+    """One section per stage with its chart containers (filled by lab.js)."""
+    parts = ['<div id="html-pipeline" class="il-pipeline"></div>', '<div id="html-message"></div>',
              '<div class="il-panels">']
     for key, title, text in PANELS:
         wide = "" if key in ("logits", "sampling") else " il-wide"
@@ -81,7 +86,7 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
                 _lecture_box(c)
                 _trace_box(c)
             with gr.Column(scale=3, elem_classes="il-main"):
-                gr.HTML(panels_html(), elem_id="panels", js_on_load=constants_js())
+                gr.HTML(panels_skeleton(), elem_id="panels", js_on_load=constants_js())
                 _calculators(c)
         _hidden(c)
         c.sampling = [c.temperature, c.top_k, c.top_p, c.min_p, c.rep, c.freq, c.pres, c.seed, c.max_tokens, c.stop]

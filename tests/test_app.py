@@ -205,3 +205,23 @@ def test_unknown_model_and_loading_state_are_messages():
     assert "No model directory" in out["html"]["html-message"] and "Load a trace" in out["html"]["html-message"]
     status_html = h.status("en")[0]
     assert "No model directory" in status_html and "Traceback" not in status_html
+
+
+def test_sequence_selector_rides_in_the_payload_and_says_why_a_sequence_waits(lab):
+    h, registry = lab
+    first = json.loads(h.add(*args(prompt="What is gravity?"), request=req("sel")))
+    s = registry.sessions["sel"]
+    a = s.focus
+    # not stepped yet: the focused request waits in the queue, and the page says so (EN and RU)
+    assert f'value="{a}" selected' in first["html"]["html-focus"] and "waiting: 0 requests ahead" in \
+        first["html"]["html-focus"]
+    b = json.loads(h.add(*args(prompt="Hi"), request=req("sel")))
+    assert "html-focus" in b["html"] and f"#{max(s.requests)} · waiting" in b["html"]["html-focus"]
+    out = json.loads(h.focus(str(max(s.requests)), "ru", 3, 2, "", None, "", request=req("sel")))
+    assert s.focus == max(s.requests) != a
+    assert f'value="{s.focus}" selected' in out["html"]["html-focus"] and "ожидание" in out["html"]["html-focus"]
+    stepped = json.loads(h.step(*args(), request=req("sel")))
+    assert "waiting" not in stepped["html"]["html-focus"] and "running" in stepped["html"]["html-focus"]
+    # the commands' messages are translated too
+    msg = json.loads(h.rewind(None, False, "ru", 3, 2, "", None, "", request=req("sel")))["html"]["html-message"]
+    assert "Позиция" in msg

@@ -70,10 +70,11 @@ def test_step_draws_every_panel(lab):
     page.wait_for_function(f"() => window.inferlab.state.renders > {before}", timeout=30000)
     assert len(seq.output_ids) == 4  # the prefill step samples the first token, then 3 decode steps
     # every Step went over the page's websocket (the page got its ticket and its session on load); the sequence
-    # dropdown, a Gradio control, still learnt of the new sequence
+    # selector, server-drawn HTML, came with the steps' own payloads
     assert page.evaluate("() => window.inferlab.state.socketSteps") == 4
-    page.wait_for_function("() => (document.querySelector('#focus input') || {}).value === '#0 · running'",
-                           timeout=30000)
+    page.wait_for_function("""sid => { const s = document.querySelector('#focus-select');
+        return s && s.value === String(sid) && s.options[s.selectedIndex].text === `#${sid} · running`; }""",
+                           arg=session.focus, timeout=30000)
     stream = page.inner_text("#html-stream")
     assert seq.detok.text.strip()[:10] in stream
     chips = page.locator("#html-tokens .il-chip").count()

@@ -287,3 +287,28 @@ def test_a_socket_opened_after_the_session_is_bound_at_once(server):
     payload = asyncio.run(go())
     assert payload["op"] == "step" and "no session" not in payload["html"].get("html-message", "")
     assert len(app.state.registry.sessions[key].events) == before + 1
+
+
+def test_the_sequence_selector_sends_focus_over_the_socket(server):
+    """Choosing a sequence in the server-drawn selector is a Focus command on the tab's socket: the answer is
+    the payload for the new focus, with the selector showing it."""
+    ws_url, app = server
+    key = "tab-focus-socket"
+    handlers = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
+    for prompt in ("What is gravity?", "Hi"):
+        handlers.add(prompt, True, "", 0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 8, "", "en", 0, 0, "", None, "",
+                     SimpleNamespace(session_hash=key))
+    s = app.state.registry.sessions[key]
+    first, second = sorted(s.requests)
+    assert s.focus == first
+    view = {k: STEP_INPUTS[k] for k in ("lang", "layer", "head", "word", "npos")}
+
+    async def go():
+        async with connect(_tab_url(ws_url, app, key), proxy=None, max_size=None) as ws:
+            await recv_until(ws, lambda m: m["type"] == "bound", timeout=10)
+            await ws.send(json.dumps({"op": "focus", "seq": second, "inputs": view}))
+            return (await recv_until(ws, lambda m: m["type"] == "payload" and "html-focus" in m["payload"]["html"]))
+
+    msgs = asyncio.run(go())
+    assert s.focus == second
+    assert f'value="{second}" selected' in msgs[-1]["payload"]["html"]["html-focus"]
