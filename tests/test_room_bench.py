@@ -3,9 +3,10 @@ subprocess, first one alone, then all at once, pressing Run (or clicking Step) l
 
 No timing thresholds here (a busy CI machine is slow, not wrong): the run must complete with no dropped socket,
 no error, and payloads for every client. Once the server reports the room's counters on /healthz ("room":
-issue 12's one shared engine), the clients at once must have been batched together (max batch >= 2 in the
-second phase); a server without them prints "room stats: n/a" and that check is skipped. The default run (20
-clients, a minute per phase) is a benchmark, run by hand: `python bench/room.py`.
+issue 12's one shared engine), the clients running at once must have been batched together (max batch >= 2 in
+the second phase; Steps meet in one engine step only when they coincide, so step mode is not held to it); a
+server without them prints "room stats: n/a" and that check is skipped. The default run (20 clients, a minute
+per phase) is a benchmark, run by hand: `python bench/room.py`.
 """
 import json
 import subprocess
@@ -36,7 +37,10 @@ def test_short_room_bench_completes_without_errors(tmp_path, mode, clients):
         assert phase["errors"] == 0, report
         assert min(phase["frames_all_per_client"]) > 0, report  # every client got payloads
         assert phase["tokens"] > 0, report
-    if many["room"] is not None:  # the server has the shared room: the clients at once shared its steps
-        assert many["room"]["batch_max"] is not None and many["room"]["batch_max"] >= 2, report
+    if many["room"] is not None:
+        # the server has the shared room. Runs hold their grants until Pause, so running clients share its steps;
+        # a Step grants one step, and two clicks meet in one step only when they happen to coincide: timing
+        if mode == "run":
+            assert many["room"]["batch_max"] is not None and many["room"]["batch_max"] >= 2, report
     else:
         assert "room stats: n/a" in out.stdout, report
