@@ -399,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for flag, typ, default, text in OPTIONS:
         ap.add_argument(flag, type=typ, default=default, help=text)
-    ap.add_argument("--mode", choices=("run", "step"), default="run")
+    ap.add_argument("--mode", choices=("run", "step"), default="run",
+                    help="run: Run kept running (pressed again when it ends); step: Step as soon as the last one is back")
     ap.add_argument("--json", default="", help="also write the phases' numbers here")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target fails (default: just report)")
     server_options(ap)
