@@ -133,7 +133,8 @@ def test_run_streams_until_done_and_bad_input_is_a_message(lab):
     h, registry = lab
     outs = list(h.run(*args(max_tokens=5, temperature=0.0), request=req()))
     s = registry.sessions["tab-a"]
-    assert len(outs) == len(s.events) == 5
+    # one payload whenever steps arrived: a page drawing slower than the room steps gets several at once
+    assert 1 <= len(outs) <= len(s.events) == 5
     assert not s.engine.has_unfinished()
     for bad, field in [(dict(prompt="  "), "prompt"), (dict(top_p=0.0), "top_p"), (dict(max_tokens=0), "max_tokens"),
                        (dict(prompt="x" * 30000), "prompt")]:
