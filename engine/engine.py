@@ -91,6 +91,30 @@ class GenerationResult:
     speculative: dict | None = None  # SpecState.stats(): proposed, accepted, target_passes, α, ... (None: plain)
 
 
+@dataclass
+class _StepWork:
+    """One step's working state, handed from phase to phase of Engine._step (lists index like `plan`)."""
+
+    trace: bool
+    capture: Capture | None
+    t0: float  # perf_counter at the step's start; the other t_* are taken between phases
+    plan: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    drafts: dict[int, Draft] = field(default_factory=dict)  # plan index -> this step's drafts
+    inputs: list[SeqInput] = field(default_factory=list)
+    seq_events: list[SeqEvent] = field(default_factory=list)
+    logits: torch.Tensor | None = None  # every sampled row of the batch, in plan order (None: idle step)
+    caps: dict = field(default_factory=dict)  # plan index -> the model's capture of that sequence
+    reasons: dict[int, str | None] = field(default_factory=dict)  # plan index -> finish reason (None: goes on)
+    counts: dict[int, int] = field(default_factory=dict)  # plan index -> tokens emitted (a round emits several)
+    finished: list[int] = field(default_factory=list)  # seq ids
+    t_sched: float = 0.0
+    t_draft: float = 0.0
+    t_forward: float = 0.0
+    t_sample: float = 0.0
+    t_end: float = 0.0
+
+
 class Engine:
     def __init__(self, loaded: LoadedModel, model: Model, *, kv_memory: int = DEFAULT_KV_MEMORY,
                  block_size: int = 16, max_num_batched_tokens: int = 512, max_num_seqs: int = 16,
@@ -485,98 +509,125 @@ class Engine:
         for d in self._drafters.values():
             d.commit()
 
+    # The step, phase by phase (nano-vllm's LLMEngine.step / ModelRunner.run): plan who runs, build the batch,
+    # one forward, sample or verify, settle the blocks, describe the step. `_StepWork` carries what one phase
+    # hands the next; the timestamps taken here between phases are the event's timing.
     def _step(self, trace: bool, capture: Capture | None, owners: frozenset | None = None) -> StepEvent:
-        t0 = time.perf_counter()
+        w = _StepWork(trace=trace, capture=capture, t0=time.perf_counter())
+        self._schedule(w, owners)
+        w.t_sched = time.perf_counter()
+        # speculative sequences draft first: their drafts ride along in this step's one forward
+        w.drafts = self._draft_all(w.plan)
+        w.t_draft = time.perf_counter()
+        self._build_inputs(w)
+        w.t_forward = time.perf_counter()
+        self._forward(w)
+        w.t_sample = time.perf_counter()
+        self._sample_or_verify(w)
+        self._settle_blocks(w)
+        w.t_end = time.perf_counter()
+        return self._make_event(w)
+
+    def _schedule(self, w: _StepWork, owners: frozenset | None) -> None:
+        """The scheduler's plan (only `owners`' sequences, when given: the rest are held)."""
         out = self.scheduler.schedule(None if owners is None else (lambda seq: seq.owner in owners))
-        plan = out.scheduled
+        w.plan, w.preempted = out.scheduled, out.preempted
+        # a preempted sequence is recomputed from scratch later: its drafter's state for it is stale
         for sid in out.preempted:
             self._spec_forget(self.sequences[sid])
-        t_sched = time.perf_counter()
-        # speculative sequences draft first: their drafts ride along in this step's one forward
-        drafts = self._draft_all(plan)
-        t_draft = time.perf_counter()
-        inputs, seq_events = [], []
-        for i, item in enumerate(plan):
+
+    def _build_inputs(self, w: _StepWork) -> None:
+        """One SeqInput (tokens, positions, KV slots) and one SeqEvent per scheduled sequence."""
+        for i, item in enumerate(w.plan):
             seq = item.seq
             start = seq.num_computed
             ids = seq.token_ids[start : start + item.num_new]
-            extra = drafts[i].tokens if i in drafts else []
+            extra = w.drafts[i].tokens if i in w.drafts else []
             table = self.blocks.block_tables[seq.seq_id]
             slots = _slots(table, self.block_size, start + item.num_new + len(extra))
             # verification needs the logits of every row: the pending token's and each draft's
-            inputs.append(SeqInput(ids + extra, start, slots, logits_rows=1 + len(extra) if item.samples else 0))
-            seq_events.append(SeqEvent(
-                seq_id=seq.seq_id, phase="decode" if item.num_new == 1 and seq.output_ids and start == seq.num_tokens - 1
-                else "prefill",
-                chunk_start=start, num_processed=item.num_new + len(extra), processed_ids=list(ids + extra),
+            w.inputs.append(SeqInput(ids + extra, start, slots, logits_rows=1 + len(extra) if item.samples else 0))
+            decode = item.num_new == 1 and bool(seq.output_ids) and start == seq.num_tokens - 1
+            w.seq_events.append(SeqEvent(
+                seq_id=seq.seq_id, phase="decode" if decode else "prefill", chunk_start=start,
+                num_processed=item.num_new + len(extra), processed_ids=list(ids + extra),
                 num_cached_tokens=seq.num_cached_tokens if item.admitted else 0,
                 prompt_len=len(seq.prompt_ids), num_tokens=seq.num_tokens))
 
-        caps = {}
-        t1 = time.perf_counter()
-        if inputs:
-            want = None
-            if capture is not None and self.capture_seq_ids is not None:
-                want = {i for i, item in enumerate(plan) if item.seq.seq_id in self.capture_seq_ids}
-            logits, caps = self.model.forward(inputs, self.kv, capture, want)
-        t2 = time.perf_counter()
+    def _forward(self, w: _StepWork) -> None:
+        """The model's one forward over the whole batch (none for an idle step); captures only for the
+        sequences in capture_seq_ids (None: all of them)."""
+        if not w.inputs:
+            return
+        want = None
+        if w.capture is not None and self.capture_seq_ids is not None:
+            want = {i for i, item in enumerate(w.plan) if item.seq.seq_id in self.capture_seq_ids}
+        w.logits, w.caps = self.model.forward(w.inputs, self.kv, w.capture, want)
 
-        # 1. sample or verify; finishing waits until the blocks are settled (2 and 3)
-        finished, row, reasons, counts = [], 0, {}, {}
-        for i, (item, ev) in enumerate(zip(plan, seq_events)):
+    def _sample_or_verify(self, w: _StepWork) -> None:
+        """Sample the next token of each sequence whose chunk reached its end, or verify its drafts. Finishing
+        waits until the blocks are settled (`_settle_blocks`): a finished sequence's blocks are freed."""
+        forward_s = w.t_sample - w.t_forward
+        row = 0
+        for i, (item, ev) in enumerate(zip(w.plan, w.seq_events)):
             seq = item.seq
             samples = item.samples  # decided before num_computed moves
-            rows = inputs[i].logits_rows
+            rows = w.inputs[i].logits_rows
             if samples and seq.spec is not None:
                 seq.spec.target_passes += 1
-            draft = drafts.get(i)
+            draft = w.drafts.get(i)
             if draft is not None and draft.tokens:
-                reasons[i], counts[i] = self._verify_round(seq, item, logits[row : row + rows], draft, ev, trace,
-                                                           t2 - t1)
+                w.reasons[i], w.counts[i] = self._verify_round(seq, item, w.logits[row : row + rows], draft, ev,
+                                                               w.trace, forward_s)
             else:
                 seq.num_computed += item.num_new
                 if samples:
                     ts = time.perf_counter()
-                    reasons[i], counts[i] = self._sample(seq, logits[row], ev, trace), 1
+                    w.reasons[i], w.counts[i] = self._sample(seq, w.logits[row], ev, w.trace), 1
                     if seq.spec is not None and ev.phase == "decode":  # a round without drafts
-                        self._record_round(seq, item, draft or Draft([], None), None, 1, ev, trace,
-                                           t2 - t1 + time.perf_counter() - ts)
+                        self._record_round(seq, item, draft or Draft([], None), None, 1, ev, w.trace,
+                                           forward_s + time.perf_counter() - ts)
             row += rows
-            if i in caps:
-                ev.capture = self._capture_data(caps[i], inputs[i], capture)
-        # 2. give back the slots reserved for drafts, in reverse order of taking: the free list ends up exactly
+            if i in w.caps:
+                ev.capture = self._capture_data(w.caps[i], w.inputs[i], w.capture)
+
+    def _settle_blocks(self, w: _StepWork) -> None:
+        """Blocks after sampling: draft slots given back, computed blocks registered, finished sequences freed."""
+        # 1. give back the slots reserved for drafts, in reverse order of taking: the free list ends up exactly
         #    as a plain run leaves it
-        for i in sorted(drafts, reverse=True):
-            seq = plan[i].seq
+        for i in sorted(w.drafts, reverse=True):
+            seq = w.plan[i].seq
             released = self.blocks.rollback(seq.seq_id, seq.num_computed)
-            if seq_events[i].spec is not None:
-                seq_events[i].spec["rollback"]["blocks"] = released
-        # 3. register computed blocks (kept tokens only), then finish
-        for i, (item, ev) in enumerate(zip(plan, seq_events)):
+            if w.seq_events[i].spec is not None:
+                w.seq_events[i].spec["rollback"]["blocks"] = released
+        # 2. register computed blocks (kept tokens only), then finish
+        for i, (item, ev) in enumerate(zip(w.plan, w.seq_events)):
             seq = item.seq
             self.blocks.mark_computed(seq.seq_id, seq.token_ids[: seq.num_computed])
-            if reasons.get(i) is not None:
-                self._finish(seq, reasons[i])
-                finished.append(seq.seq_id)
+            if w.reasons.get(i) is not None:
+                self._finish(seq, w.reasons[i])
+                w.finished.append(seq.seq_id)
             if item.samples:
                 ev.finished, ev.finish_reason = seq.status is Status.FINISHED, seq.finish_reason
+        # 3. the next round's k, within what max_tokens and the context now leave
         for seq in self.scheduler.running:
             if seq.spec is not None:
                 seq.spec_k = self._spec_k(seq)
-        t3 = time.perf_counter()
 
-        step_s = t3 - t0
+    def _make_event(self, w: _StepWork) -> StepEvent:
+        """Advance the engine clock by the step's duration, time-stamp the tokens emitted, build the event."""
+        step_s = w.t_end - w.t0
         self.clock += step_s
-        for i, ev in enumerate(seq_events):
+        for i, ev in enumerate(w.seq_events):
             seq = self.sequences[ev.seq_id]
             if ev.new_token is not None:
-                self._stamp_time(seq, ev, counts.get(i, 1))
+                self._stamp_time(seq, ev, w.counts.get(i, 1))
             ev.block_table = list(self.blocks.block_tables.get(ev.seq_id, []))
             ev.num_tokens = seq.num_tokens
-        event = self._event(seq_events, plan, out.preempted, finished, inputs,
-                            dict(schedule_ms=(t_sched - t0) * 1e3, draft_ms=(t_draft - t_sched) * 1e3,
-                                 forward_ms=(t2 - t1) * 1e3, sample_ms=(t3 - t2) * 1e3, step_ms=step_s * 1e3,
-                                 engine_clock_s=self.clock))
+        event = self._event(w.seq_events, w.plan, w.preempted, w.finished, w.inputs,
+                            dict(schedule_ms=(w.t_sched - w.t0) * 1e3, draft_ms=(w.t_draft - w.t_sched) * 1e3,
+                                 forward_ms=(w.t_sample - w.t_forward) * 1e3, sample_ms=(w.t_end - w.t_sample) * 1e3,
+                                 step_ms=step_s * 1e3, engine_clock_s=self.clock))
         self.step_index += 1
         return event
 
@@ -798,6 +849,16 @@ class Engine:
             kv=self.kv_stats(), blocks=self.blocks.block_states(),
             block_tables={k: list(v) for k, v in self.blocks.block_tables.items()},
             timing=timing, cost=cost, model={"id": self.model_id, "device": self.device})
+
+    def kv_block_states(self) -> list[dict]:
+        """Every block of the pool: id, refcount, state (used/cached/free), hashed, the sequences holding it."""
+        with self._lock:
+            return self.blocks.block_states()
+
+    def seq_owners(self) -> dict[int, str]:
+        """seq id -> owner, for every sequence the engine keeps."""
+        with self._lock:
+            return {sid: s.owner for sid, s in self.sequences.items()}
 
     def kv_stats(self) -> dict:
         stats = dict(self.blocks.stats())
