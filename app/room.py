@@ -65,6 +65,7 @@ class Room:
         self._counters: Counter = Counter()  # owner kind -> labels handed out
         self._cond = threading.Condition()
         self._closed = False
+        self._stepping: set[str] = set()  # owners in the step running now
         self.steps = 0
         self.tokens = 0
         self.batch_sizes: Counter = Counter()  # sequences per step -> steps
@@ -184,11 +185,15 @@ class Room:
             self._cond.notify_all()
 
     def pause(self, owner: str) -> None:
+        """End a Run; returns once a step already running for this owner has finished (its event is then in the
+        owner's inbox: what the page shows after Pause is what the engine did)."""
         with self._cond:
             o = self._owners.get(owner)
             if o is not None and o.grant == math.inf:
                 o.grant = 0
             self._cond.notify_all()
+            while owner in self._stepping and not self._closed:
+                self._cond.wait(1.0)
 
     def wait(self, owner: str, timeout: float = 30.0) -> list[StepEvent]:
         """A running owner's next events: returns as soon as there are some, or when its grant has ended."""
@@ -239,6 +244,7 @@ class Room:
                 capture: set[int] = set()
                 for o in granted:
                     capture |= o.capture() & o.seq_ids
+                self._stepping = {o.label for o in granted}
             self.engine.capture_seq_ids = capture  # only what the granted owners view is instrumented
             try:
                 event = self.engine.step(trace=True, owners=[o.label for o in granted])
@@ -255,6 +261,7 @@ class Room:
         with self._cond:
             for o in granted:
                 o.error, o.grant, o.served = exc, 0, o.served + 1
+            self._stepping = set()
             self._cond.notify_all()
 
     def _deliver(self, granted: list[Owner], event: StepEvent) -> None:
@@ -262,7 +269,7 @@ class Room:
         with self._cond:
             for o in granted:
                 if o.grant != math.inf:
-                    o.grant -= 1
+                    o.grant = max(0, o.grant - 1)  # a Pause during the step already ended the grant
                 o.served += 1
                 if o.label in self._owners:
                     o.inbox.append(event.for_owner(o.label))
@@ -274,6 +281,7 @@ class Room:
             self.steps += 1
             self.tokens += sum(b["num_emitted"] for b in event.batch)
             self.batch_sizes[len(event.batch)] += 1
+            self._stepping = set()
             self._cond.notify_all()
 
     def _record(self, event: StepEvent) -> dict:

@@ -9,7 +9,8 @@ engines can share one loaded model through `Engine.session()`.
 
 Owners: a request may name who asked for it (`owner=`: a browser tab, the lecture, an API client), so one engine
 can serve a room. `step(owners={...})` then runs only those owners' sequences, batched together; everyone
-else's are held (they keep their KV blocks and their place in the queue). `seq_view` is the read-only face of a
+else's are held (they keep their KV blocks, unless the pool runs short and preemption takes them, and their
+place in the queue). `seq_view` is the read-only face of a
 sequence that callers get; they never need the Sequence objects themselves.
 
 A request may speculate (`speculative=SpeculativeConfig(...)`): its decode steps become rounds in which a drafter
@@ -375,22 +376,35 @@ class Engine:
             return [sid for sid, s in self.sequences.items() if owner is None or s.owner == owner]
 
     def queue_position(self, seq_id: int) -> int | None:
-        """How many waiting requests are ahead of this one (None: it is not waiting)."""
+        """How many waiting requests would be admitted before this one (None: it is not waiting)."""
         with self._lock:
             seq = self._get(seq_id)
-            waiting = list(self.scheduler.waiting)
-            return waiting.index(seq) if seq in waiting else None
+            order = self.scheduler.admission_order()
+            return order.index(seq) if seq in order else None
 
+    @compute.routed
     def set_params(self, seq_id: int, params: SamplingParams) -> None:
-        """New sampling parameters for an unfinished sequence, from its next sampled token on."""
+        """New sampling parameters for an unfinished sequence, from its next sampled token on: a new seed
+        reseeds its generator, new stop strings are looked for in its whole output (as in `rewind`, the
+        detokenizer replays it), and max_tokens must leave room for at least one more token."""
         params = as_instance("params", params, SamplingParams)
         params.validate()
         with self._lock:
             seq = self._get(seq_id)
             if seq.status is Status.FINISHED:
                 raise ValueError(f"sequence {seq_id} has finished; its parameters can no longer change")
+            if params.max_tokens <= len(seq.output_ids):
+                raise ValueError(f"max_tokens must be above the {len(seq.output_ids)} tokens sequence {seq_id} has "
+                                 f"already generated (got {params.max_tokens})")
             self._check_fits(len(seq.prompt_ids), params)
-            seq.params = params
+            old, seq.params = seq.params, params
+            if params.seed is not None and params.seed != old.seed:
+                seq.generator.manual_seed(params.seed)
+            if params.stop != old.stop:
+                seq.detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, stop=params.stop)
+                stopped = any([seq.detok.push(t).stop is not None for t in seq.output_ids])
+                if stopped:
+                    self._finish(seq, "stop")
 
     def release(self, seq_ids: Iterable[int]) -> None:
         """Abort these sequences if they still run and forget them: their blocks go back to the pool (prefix

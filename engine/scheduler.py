@@ -8,7 +8,8 @@ a prompt longer than the remaining budget is prefilled in chunks over several st
 leave between steps, which is all that "continuous batching" means.
 
 Several owners (browser tabs, the lecture, API clients) may share one scheduler. A step may then be limited to
-the sequences of some owners (`eligible`): the others are held, keeping their blocks and their place. With more
+the sequences of some owners (`eligible`): the others are held, keeping their blocks and their place (when the
+pool runs short, preemption may take a held sequence like any other: a paused tab must not sit on the pool). With more
 than one owner in a step, admission takes the owners in turn (each one's queue stays in arrival order), a
 prefill chunk gets at most an equal share of the step's token budget, and preemption takes the newest sequence
 of the owner holding the most blocks, so one tab's long prompt cannot starve the room. With one owner all of
@@ -122,6 +123,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._admitted: dict[str, int] = {}  # owner -> the admission count when it last had one (whose turn)
+        self._admissions = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -129,10 +132,11 @@ class Scheduler:
     def checkpoint(self) -> tuple:
         """The queues and every queued sequence's state (a step touches no other sequence)."""
         seqs = [(s, s.snapshot()) for s in (*self.waiting, *self.running)]
-        return list(self.waiting), list(self.running), self.num_preemptions, seqs
+        return list(self.waiting), list(self.running), self.num_preemptions, seqs, dict(self._admitted), \
+            self._admissions
 
     def restore(self, ck: tuple) -> None:
-        waiting, running, self.num_preemptions, seqs = ck
+        waiting, running, self.num_preemptions, seqs, self._admitted, self._admissions = ck
         self.waiting, self.running = deque(waiting), list(running)
         for seq, snap in seqs:
             seq.restore(snap)
@@ -168,27 +172,41 @@ class Scheduler:
         greediest = max(held[s.owner] for s in candidates)
         return [s for s in candidates if held[s.owner] == greediest][-1]
 
-    def _admission_order(self, eligible: Callable[[Sequence], bool]) -> list[Sequence]:
-        """Eligible waiting sequences, owners taken in turn (owners ordered by their oldest waiting request)."""
+    def admission_order(self, eligible: Callable[[Sequence], bool] | None = None) -> list[Sequence]:
+        """Eligible waiting sequences in the order they would be admitted: owners take turns, the one admitted
+        least recently first (across steps: when one seat frees per step, owners still alternate), each
+        owner's own queue in arrival order."""
         queues: dict[str, list[Sequence]] = {}
         for seq in self.waiting:
-            if eligible(seq):
+            if eligible is None or eligible(seq):
                 queues.setdefault(seq.owner, []).append(seq)
+        turn = sorted(queues, key=lambda o: self._admitted.get(o, -1))  # stable: ties keep queue order
         order, depth = [], 0
         while True:
-            layer = [q[depth] for q in queues.values() if depth < len(q)]
+            layer = [queues[o][depth] for o in turn if depth < len(queues[o])]
             if not layer:
                 return order
             order.extend(layer)
             depth += 1
 
+    def _take_turn(self, owner: str) -> None:
+        self._admissions += 1
+        self._admitted[owner] = self._admissions
+        if len(self._admitted) > 4 * self.max_num_seqs + 64:  # owners long gone: keep those still queued
+            queued = {s.owner for s in (*self.waiting, *self.running)}
+            self._admitted = {o: n for o, n in self._admitted.items() if o in queued}
+
     def _prefill_share(self, active: list[Sequence], arriving: list[Sequence]) -> int:
-        """The most tokens one prefill chunk may take this step: the whole budget with one owner prefilling,
-        an equal share of it with several (at least a block, so every chunk makes progress)."""
-        owners = {s.owner for s in active if s.num_tokens - s.num_computed > 1} | {s.owner for s in arriving}
+        """The most tokens one prefill chunk may take this step. With one owner: the whole budget (the plain
+        policy). With several: what the step's decodes leave, shared equally by the owners that prefill (at
+        least a block, so every chunk makes progress), so a long prompt first in line cannot take the budget
+        that another tab's decode or short prompt needs."""
+        owners = {s.owner for s in active} | {s.owner for s in arriving}
         if len(owners) <= 1:
             return self.max_num_batched_tokens
-        return max(self.blocks.block_size, self.max_num_batched_tokens // len(owners))
+        decodes = sum(1 for s in active if s.num_tokens - s.num_computed <= 1)
+        prefilling = {s.owner for s in active if s.num_tokens - s.num_computed > 1} | {s.owner for s in arriving}
+        return max(self.blocks.block_size, (self.max_num_batched_tokens - decodes) // max(1, len(prefilling)))
 
     def schedule(self, eligible: Callable[[Sequence], bool] | None = None) -> SchedulerOutput:
         """Plan one step. `eligible`: which sequences may take part (None: all); the others are held."""
@@ -197,7 +215,7 @@ class Scheduler:
         scheduled: list[ScheduledSeq] = []
         preempted: list[int] = []
         active = [s for s in self.running if eligible(s)]
-        arriving = self._admission_order(eligible)
+        arriving = self.admission_order(eligible)
         share = self._prefill_share(active, arriving)
 
         # 1. running sequences, oldest first; make room by preempting (see _victim)
@@ -231,6 +249,7 @@ class Scheduler:
             if not self.blocks.can_allocate(seq.token_ids):
                 break
             self.waiting.remove(seq)
+            self._take_turn(seq.owner)
             seq.num_cached_tokens = self.blocks.allocate(seq.seq_id, seq.token_ids)
             seq.num_computed = seq.num_cached_tokens
             seq.status = Status.RUNNING
