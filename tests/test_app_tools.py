@@ -138,3 +138,18 @@ def test_tour_handlers_walk_and_point_at_panels(tools):
     assert json.loads(out)["tour"]["index"] == 2 and len(s.events) == 1  # "embeddings" ran one step
     out, box = t.tour_back(*SAMPLING, *VIEW, request=req())
     assert json.loads(out)["tour"]["index"] == 1 and len(s.events) == 1  # going back never reruns anything
+
+
+def test_run_and_pause_on_a_replay(tools):
+    t, lab, registry = tools
+    for _ in range(3):
+        step(lab)
+    path, _ = t.export_trace("en", request=req())
+    cold = SessionRegistry()
+    cold_lab = LabHandlers(cold, ModelHolder(source="/no/such/model"))
+    ToolHandlers(cold_lab).load_trace(path, *VIEW, request=req("replay-run"))
+    replay = cold.sessions["replay-run"]
+    outs = list(cold_lab.run("ignored", True, "", *SAMPLING, *VIEW, request=req("replay-run")))
+    assert replay.at_end and len(outs) == replay.num_frames and not replay.running  # one payload a frame
+    assert all("il-msg-error" not in json.loads(o)["html"].get("html-message", "") for o in outs)
+    cold_lab.pause(request=req("replay-run"))  # nothing runs: a no-op, not an error
