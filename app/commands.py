@@ -190,6 +190,7 @@ _APPLY = {Step: _step, Add: _add, Force: _force, Rewind: _rewind, Branch: _branc
 
 
 def _reset(s, ctx: Context) -> Outcome:
+    """A tab's Reset renews its session (`s` may be None: it had none yet); anyone else's resets in place."""
     if ctx.registry is None or ctx.key is None:
         with s.lock:
             s.reset()

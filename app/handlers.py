@@ -82,7 +82,8 @@ class LabHandlers:
 
     def reset(self, lang, visible="", request: gr.Request = None):
         try:
-            out = cmd.apply(self._session(request), cmd.Reset(), self._context(lang, request))
+            # the tab's session need not exist yet: Reset makes a fresh one either way
+            out = cmd.apply(self.registry.peek(_key(request)), cmd.Reset(), self._context(lang, request))
             self.delivery.views.of(out.session.tab_key).forget_sent()  # a new session: its page redraws all
             return self.delivery.payload(out.session, View.parse(lang, 0, 0, "", None, visible), "")
         except Exception as exc:  # noqa: BLE001
