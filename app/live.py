@@ -6,10 +6,14 @@ Two kinds of channels live here, both served on the app's one port (a Space expo
   which cost ~250 ms per step for a large payload. Payloads are incremental (only charts in view, only changed
   HTML), so a backlog is merged, never dropped. The ticket is a secret the server made for the tab's session
   and gave to that page over its own Gradio event (SessionRegistry.ticket): a socket is tied to a session by
-  the server's word only, never by an id the client names. The page sends Step here too: Gradio's own round
-  trip and its busy indicators cost about as much as the engine step itself on a 2-core machine.
+  the server's word only, never by an id the client names. The page sends Step (and Focus, from the sequence
+  selector) here too: Gradio's own round trip and its busy indicators cost about as much as the engine step
+  itself on a 2-core machine.
 * viewer channels (`/ws/follow`): the presenter's step events (small, in order) and chart frames (large,
   latest wins). A slow viewer only ever holds one pending frame, so it cannot slow the presenter or anyone else.
+
+Every message is spelled by app/protocol.py (types, ops, one encoder); what a message asks of a session is a
+command (app/commands.py), the same one a Gradio button or the tour would apply.
 
 Handlers run in Gradio's worker threads; every hand-over to a websocket goes through the event loop with
 `call_soon_threadsafe`. A sender task writes, a receive loop beside it notices a viewer leaving (a handler that
@@ -191,7 +195,7 @@ class Hub:
         return True
 
     def tab_ready(self, key: str) -> None:
-        """The tab's session now exists (made by a Gradio event): its page may send Steps over the socket."""
+        """The tab's session now exists (made by a Gradio event): its page may send commands over the socket."""
         self.send_tab(key, BOUND)
 
     def send_tab(self, key: str, type_: str, **fields) -> bool:
