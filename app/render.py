@@ -38,6 +38,9 @@ PANEL_CHARTS = {
     "speculative": ["chart-spec-rounds", "chart-spec-pq", "chart-spec-alpha", "chart-spec-pass", "chart-spec-speedup"],
     "room": ["chart-room-batch", "chart-room-pool", "chart-room-throughput", "chart-room-size"],
 }
+# charts drawn from the tensors the engine captures (attention, logit lens, residual norms, embeddings): a
+# tab's sequences are instrumented only while its page shows one of these (LabSession.wants_capture)
+CAPTURE_CHARTS = frozenset([*PANEL_CHARTS["layers"], "chart-pca"])
 PANEL_HTML = {
     "template": ["html-template", "html-tokens", "html-bpe"],
     "detok": ["html-stream"],
@@ -136,6 +139,9 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     token_ids = s.seq_token_ids(sid)
     texts = s.token_texts(sid)
     infos = s.token_infos(sid)
+    # a running sequence grows (or a rewind shrinks it) between these reads: draw one consistent prefix
+    n = min(len(token_ids), len(texts), len(infos))
+    token_ids, texts, infos = token_ids[:n], texts[:n], infos[:n]
     n_prompt = s.prompt_len(sid)
 
     # 1 · template & tokens

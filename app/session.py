@@ -126,6 +126,10 @@ class LabSession:
     capture_bytes: int = 0  # bytes the kept events' captures hold (SESSION_CAPTURE_BYTES)
     captured: deque = field(default_factory=deque)  # kept events that may still hold attention, oldest first
     tab_key: str | None = None  # the registry key of the tab this session belongs to (its socket's name)
+    # whether the page shows a chart drawn from captured tensors (attention, lens, embeddings); the delivery
+    # layer sets it from the charts in view. Capturing costs ~15 ms per sequence and step (a batch of 20 went
+    # from 164 to 468 ms), so twenty tabs watching only the sampling chain must not pay for it.
+    wants_capture: bool = True
 
     @classmethod
     def create(cls, base: "Engine | Room", kv_memory: int | None = None, kind: str = "tab") -> "LabSession":
@@ -141,8 +145,15 @@ class LabSession:
         return self.room.engine
 
     def _captured_seqs(self) -> set[int]:
-        # the room instruments only what its owners view: this tab's focused sequence
-        return set() if self.focus is None else {self.focus}
+        """What the room instruments for this tab: its focused sequence, while the page shows a chart that
+        needs it, and always during its prompt's prefill (the prompt's attention and embeddings are what the
+        layers panel opens on, and they cannot be captured later)."""
+        if self.focus is None or self.focus not in self.requests:
+            return set()
+        if self.wants_capture:
+            return {self.focus}
+        v = self.engine.seq_view(self.focus)
+        return {self.focus} if v.num_computed < len(v.prompt_ids) else set()
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, prompt: str, params: SamplingParams, chat: bool, system: str | None) -> int:
@@ -344,7 +355,9 @@ class LabSession:
                 if events:
                     self.last_used = time.time()
                     self._keep(events)
+                    drawn = time.monotonic()
                     yield
+                    self._pace(drawn)
                 elif not self.room.running(self.owner):
                     break  # every sequence finished (or a Reset ended the grant)
         finally:
@@ -355,6 +368,15 @@ class LabSession:
     def pause(self) -> None:
         self.running = False
         self.room.pause(self.owner)
+
+    def _pace(self, since: float) -> None:
+        """Let the engine run on before the next frame of a Run: building a frame is Python work that holds
+        the interpreter lock the engine's thread needs between its tensor operations, so twenty tabs redrawing
+        after every step would slow the very steps they draw. The engine keeps stepping meanwhile; the next
+        frame shows every step that ran (the room sets the pace from how many owners run)."""
+        until = since + self.room.frame_interval()
+        while self.running and time.monotonic() < until:
+            time.sleep(min(0.05, max(0.0, until - time.monotonic())))
 
     # ---- the room view (app/charts/room.py) -----------------------------------------------------------
     @property
