@@ -111,16 +111,12 @@ def apply(session, cmd, ctx: Context | None = None) -> Outcome:
     if isinstance(cmd, Reset):
         return _reset(session, ctx)
     if isinstance(cmd, Pause):
-        if isinstance(session, ReplaySession):
-            session.running = False
-        else:
-            session.pause()
+        session.pause()
         return Outcome(session)
-    if isinstance(cmd, Run):
+    if isinstance(cmd, Run):  # a replay's run_steps shows its recorded frames one by one
         with session.lock:
             _start_or_update(session, cmd.request)
-        steps = _replay_frames(session) if isinstance(session, ReplaySession) else session.run_steps()
-        return Outcome(session, steps=steps)
+        return Outcome(session, steps=session.run_steps())
     with session.lock:  # one command at a time per session, even if a Run loop or another click races it
         return _APPLY[type(cmd)](session, cmd, ctx)
 
@@ -199,16 +195,6 @@ def _reset(s, ctx: Context) -> Outcome:
     if ctx.lecture is not None and ctx.lecture.is_presenter(ctx.key):
         ctx.lecture.session = fresh  # the viewers follow the fresh session
     return Outcome(fresh)
-
-
-def _replay_frames(s):
-    """Run on a replay: its recorded frames one by one, until Pause or the end (a replay has no engine)."""
-    s.running = True
-    try:
-        while s.running and s.step() is not None:
-            yield
-    finally:
-        s.running = False
 
 
 def _start_or_update(s, request: Request | None) -> None:

@@ -226,7 +226,7 @@ def focus_html(s, lang: str) -> str:
         f'{html.escape(s.seq_status(sid))}</option>' for sid in s.seq_ids() if s.has_seq(sid))
     out = (f'<label class="il-focus"><span>{html.escape(t("focus", lang))}</span>'
            f'<select id="{IDS["focus_select"]}"{"" if options else " disabled"}>{options}</select></label>')
-    wait = None if isinstance(s, ReplaySession) else s.wait_info()  # a replay shows what was recorded
+    wait = s.wait_info()  # None on a replay: it shows what was recorded
     if wait is not None:
         line = t("preempted", lang) if wait["state"] == "preempted" else t("waiting", lang).format(n=wait["ahead"])
         out += f'<div class="il-wait">{html.escape(line)}</div>'

@@ -621,6 +621,23 @@ class ReplaySession:
     def has_unfinished(self) -> bool:
         return not self.at_end
 
+    def run_steps(self):
+        """Run on a replay: its recorded frames one by one, until `pause()` or the end (there is no engine to
+        run ahead: each item shows the next frame)."""
+        self.running = True
+        try:
+            while self.running and self.step() is not None:
+                yield
+        finally:
+            self.running = False
+
+    def pause(self) -> None:
+        self.running = False
+
+    def wait_info(self) -> None:
+        """A replay shows what was recorded: no live queue to wait in."""
+        return None
+
     def close(self) -> None:
         pass
 
