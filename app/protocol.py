@@ -2,7 +2,7 @@
 
 Every socket message is a JSON object. The server's carry a "type" (one of the constants below); a client's
 carry an "op". Both sides spell them from here: the server through `encode` and `decode`, the page's scripts
-through `window.INFERLAB`, which `constants_js()` sets from these same values (see app/ui.py).
+through `window.INFERLAB`, which `constants_js()` sets from these same values in both pages' head (app/server.py head_html).
 """
 from __future__ import annotations
 

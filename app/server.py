@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +55,11 @@ class ModelHolder:
 
 
 def head_html() -> str:
-    return ('<script src="/lab-static/plotly.min.js"></script>'
+    """The head of both pages (the lab, and /follow): the page constants (app/protocol.py, as window.INFERLAB)
+    before the scripts that read them, Plotly, lab.js and the style sheet."""
+    from .protocol import constants_script
+
+    return (constants_script() + '<script src="/lab-static/plotly.min.js"></script>'
             '<script src="/lab-static/lab.js"></script>'
             '<link rel="stylesheet" href="/lab-static/lab.css">')
 
@@ -101,6 +106,9 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     from .session import LabSession, SessionRegistry
     from .ui import build_demo
 
+    # The room's engine thread releases the interpreter lock around every tensor operation and must win it
+    # back while other threads build pages: a 1 ms switch interval (Python's default is 5) bounds that wait.
+    sys.setswitchinterval(0.001)
     registry = SessionRegistry(kv_memory=kv_memory, max_sessions=max_sessions,
                                socketless_timeout_s=socketless_timeout_s)
     downloads.remove_stale()

@@ -4,7 +4,8 @@ tie the controls to the callbacks (app/handlers.py, app/ui_tools.py).
 Charts are not Gradio components: each handler returns one JSON payload (app/render.py) into a hidden
 textbox, or sends it over the tab's websocket, and static/lab.js draws it with Plotly.react into persistent
 divs, so user zoom survives every step (gr.Plot would rebuild the figure and lose it). The element ids the
-script needs come from app/protocol.py, emitted once into the page as `window.INFERLAB`.
+script needs come from app/protocol.py, emitted once into the page's head as `window.INFERLAB`
+(app/server.py head_html).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from . import render
 from .handlers import LabHandlers
 from .i18n import EXAMPLES, PANELS, UI, t
 from .live import Hub, Lecture
-from .protocol import IDS, constants_js, constants_script
+from .protocol import IDS
 from .session import SessionRegistry, request_key as _key
 from .ui_tools import ToolHandlers
 
@@ -42,14 +43,8 @@ def calc_charts_html() -> str:
 
 
 def panels_html() -> str:
-    """The follower page's panels (/follow serves this HTML as is): the skeleton, led by the page constants
-    (app/protocol.py) that follow.js and lab.js read. The Gradio page runs the same constants on load instead
-    (a script inside a gr.HTML value never runs)."""
-    return constants_script() + panels_skeleton()
-
-
-def panels_skeleton() -> str:
-    """One section per stage with its chart containers (filled by lab.js)."""
+    """One section per stage with its chart containers (filled by lab.js): the lab page's panels, and the
+    follower page's (/follow serves this HTML as is). The page constants they need come with the head."""
     parts = ['<div id="html-pipeline" class="il-pipeline"></div>', '<div id="html-message"></div>',
              '<div class="il-panels">']
     for key, title, text in PANELS:
@@ -86,7 +81,7 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
                 _lecture_box(c)
                 _trace_box(c)
             with gr.Column(scale=3, elem_classes="il-main"):
-                gr.HTML(panels_skeleton(), elem_id="panels", js_on_load=constants_js())
+                gr.HTML(panels_html(), elem_id="panels")
                 _calculators(c)
         _hidden(c)
         c.sampling = [c.temperature, c.top_k, c.top_p, c.min_p, c.rep, c.freq, c.pres, c.seed, c.max_tokens, c.stop]

@@ -1,7 +1,7 @@
 // Follower view of lecture mode: read-only. Step events arrive in order (a line of text per step); chart frames
 // arrive as the latest state (a slow screen skips frames rather than slowing the lecture) and are drawn by
 // lab.js's render(), the same code the presenter's page uses.
-// Message types and element ids come from app/protocol.py (window.INFERLAB, set by the page's skeleton).
+// Message types and element ids come from app/protocol.py (window.INFERLAB, set in the page's head).
 (function () {
   const { ids, types } = window.INFERLAB;
   const status = document.getElementById(ids.follow_status);

@@ -1,7 +1,7 @@
 // InferLab page glue: draws the server's payload into persistent divs with Plotly.react, which keeps each
 // chart's zoom/pan (layout.uirevision) across steps, and wires clicks on charts/tokens to the controls.
-// The element ids, message types and ops come from the server (app/protocol.py) as window.INFERLAB, set once
-// the page has loaded: read them through K() when needed, never at load.
+// The element ids, message types and ops come from the server (app/protocol.py) as window.INFERLAB, set by a
+// script in the page's head (Gradio may add its head scripts in any order): read them through K() when needed.
 (function () {
   const K = () => window.INFERLAB || { ids: {}, types: {}, tabOps: {}, forceCharts: [], stepControls: {},
                                        viewControls: [] };

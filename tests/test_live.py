@@ -312,3 +312,14 @@ def test_the_sequence_selector_sends_focus_over_the_socket(server):
     msgs = asyncio.run(go())
     assert s.focus == second
     assert f'value="{second}" selected' in msgs[-1]["payload"]["html"]["html-focus"]
+
+
+def test_both_pages_get_the_constants_in_their_head(server):
+    """window.INFERLAB (app/protocol.py) comes once, in the head, before lab.js: on the lab page and on /follow."""
+    import httpx
+
+    http = server[0].replace("ws://", "http://")
+    for path in ("/", "/follow"):
+        page = httpx.get(http + path, timeout=30).text
+        assert page.count("window.INFERLAB =") == 1, path
+        assert page.index("window.INFERLAB =") < page.index("/lab-static/lab.js") < page.index("</head>"), path
