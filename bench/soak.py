@@ -12,8 +12,8 @@ Each page does what the browser and static/lab.js do, over the same endpoints:
   timer. All events of one page carry that page's one session hash.
 * then /ws/lab?ticket=T (with the page's Origin, as a browser sends it) and waits for {"type": "bound"}.
 * Step: {"op": "step", "inputs": {...}} over the socket, every value as lab.js reads it off the controls;
-  latency = send -> first payload with op == "step". {"type": "sync"} runs the hidden sync button's Gradio
-  event, as lab.js clicks it. A language switch fires the language radio's Gradio change events.
+  latency = send -> first payload with op == "step" (the sequence selector rides in that payload: no Gradio
+  event follows a step). A language switch fires the language radio's Gradio change events.
 * a finished sequence (the step payload's message) is followed by Reset (the reset button's Gradio event and
   its .then) or simply by another Step, which starts a new request; Reset also every 50-70 steps.
 * churn: every 4th client reloads its page now and then (heartbeat and socket closed, a new page opened).
@@ -272,7 +272,6 @@ class Page:
         self.bound = asyncio.Event()
         self.step_waiter: asyncio.Future | None = None
         self.closing = False
-        self.sync_pending = False
         self.steps_done = 0
 
     def set(self, elem_id: str, value) -> None:
@@ -396,8 +395,6 @@ class Page:
                 elif typ == "unbound":
                     self.bound.clear()
                     self.stats.error("unbound", "the server says this tab's session is gone")
-                elif typ == "sync" and msg.get("what") == "choices":
-                    self._sync_choices()
                 elif typ == "error":
                     self.stats.error("socket error", str(msg.get("error")))
             if not self.closing:
@@ -413,22 +410,6 @@ class Page:
         finally:
             if self.step_waiter is not None and not self.step_waiter.done():
                 self.step_waiter.set_result(("dropped", ""))
-
-    def _sync_choices(self) -> None:
-        # lab.js clicks the hidden sync button (trigger_mode always_last): one run at a time, the last wins
-        if self.sync_pending:
-            return
-        self.sync_pending = True
-
-        async def run():
-            try:
-                for fn in self.gapp.triggered("sync_choices", "click"):
-                    await self.event(fn)
-            finally:
-                self.sync_pending = False
-
-        self.tasks = [t for t in self.tasks if not t.done()]  # a long-lived page syncs hundreds of times
-        self.tasks.append(asyncio.create_task(run()))
 
     def step_inputs(self) -> dict:
         v = self.get
