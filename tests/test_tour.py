@@ -24,8 +24,8 @@ def tour():
 
 def test_steps_are_bilingual_and_name_known_panels(tour):
     panels = known_panels()
-    assert {"template", "embeddings", "layers", "logits", "sampling", "detok", "kv", "timeline", "speculative",
-            "calculators"} <= panels
+    assert {"template", "embeddings", "layers", "logits", "sampling", "detok", "kv", "timeline", "room",
+            "speculative", "calculators"} <= panels
     assert 10 <= len(tour) <= 14
     assert len({s.id for s in tour}) == len(tour)
     for s in tour:
@@ -38,8 +38,7 @@ def test_steps_are_bilingual_and_name_known_panels(tour):
         assert s.action["type"] in ACTIONS
     # the story's order: template first, every stage panel in the order of the page, calculators last
     order = [s.panel for s in tour]
-    # the room panel (the shared engine, issue 12) has no tour step yet: assets/tour.json is to get one
-    stages = [p for p in render.PANEL_CHARTS if p not in EXTRA_PANELS and p != "room"]
+    stages = [p for p in render.PANEL_CHARTS if p not in EXTRA_PANELS]
     first_seen = [p for i, p in enumerate(order) if p not in order[:i]]
     assert [p for p in first_seen if p in stages] == stages
     assert first_seen[-2:] == ["speculative", "calculators"]
