@@ -1,0 +1,143 @@
+"""Two tabs, one engine (issue 12), in Debian's Chromium against a real server and the real engine: two browser
+contexts (two visitors, two sessions) press Run at once; the room view's batch strip shows steps that carry
+both tabs' sequences, exactly as the server's room recorded them, and each tab's streamed answer is the one the
+engine gives for that prompt alone (greedy sampling)."""
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e_util import browser, chromium_available, ensure_drawn, open_lab, running_server
+
+pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+PROMPTS = ("What is gravity?", "Что такое гравитация?")
+MAX_TOKENS = 12
+ROOM_CHARTS = ("chart-room-batch", "chart-room-pool", "chart-room-throughput", "chart-room-size")
+
+# the batch strip's segments as the page holds them: (step, owner as shown, sequence id) per segment
+SEGMENTS_JS = """() => {
+  const el = document.getElementById('chart-room-batch');
+  const t = el && el.data && el.data.find((d) => d.name === 'batch');
+  return t ? t.x.map((x, i) => [x, t.customdata[i][0], t.customdata[i][1]]) : null;
+}"""
+
+
+@pytest.fixture(scope="module")
+def room_lab(base_engine):
+    with running_server(base_engine) as (url, app):
+        with browser() as b:
+            yield url, app, b
+
+
+def _prepare(page, prompt):
+    page.fill("#prompt textarea", prompt)
+    for sel, value in (("#temperature input[type=number]", "0"), ("#max_tokens input", str(MAX_TOKENS))):
+        box = page.locator(sel)
+        box.fill(value)
+        box.press("Enter")
+        box.blur()
+    page.wait_for_timeout(300)  # Gradio takes the new values on its next tick
+
+
+def _chart_steps(page) -> dict:
+    """{step: sorted [(owner label, seq id)]} from the batch chart's data in the page."""
+    segs = page.evaluate(SEGMENTS_JS) or []
+    out: dict[int, list] = {}
+    for step, shown, sid in segs:
+        owner = str(shown).removesuffix(" (you)")
+        out.setdefault(int(step), []).append((owner, int(sid)))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _record_steps(records, window: int) -> dict:
+    return {int(r["step"]): sorted((str(b["owner"]), int(b["seq_id"])) for b in r["batch"])
+            for r in list(records)[-window:]}
+
+
+def _refresh(page) -> None:
+    before = page.evaluate("() => window.inferlab.state.renders")
+    page.evaluate("() => document.querySelector('#refresh').click()")
+    page.wait_for_function(f"() => window.inferlab.state.renders > {before}", timeout=30000)
+
+
+def test_two_tabs_run_at_once_in_one_engine(room_lab, base_engine):
+    from app.charts.room import WINDOW_STEPS
+    from app.i18n import t
+    from engine import SamplingParams
+
+    url, app, b = room_lab
+    registry = app.state.registry
+    contexts = [b.new_context(viewport={"width": 1600, "height": 1000}) for _ in PROMPTS]
+    pages = [open_lab(ctx, url) for ctx in contexts]
+    for page, prompt in zip(pages, PROMPTS):
+        _prepare(page, prompt)
+    # both Runs at (nearly) the same time: trigger both clicks, then wait for both
+    for page in pages:
+        page.click("#run button, button#run")
+    finished = t("finished", "en")
+    for page in pages:
+        # the page's last frame arrives when its Run ends: the sequence's finish mark and the status line
+        page.wait_for_selector("#html-stream .il-finish", state="attached", timeout=180000)
+        page.wait_for_function("txt => document.querySelector('#html-message').innerText.includes(txt)",
+                               arg=finished, timeout=60000)
+
+    # the two tabs are two owners of the room's one engine, each with its own request
+    sessions = {}
+    for s in registry.sessions.values():
+        prompts = [r.prompt for r in s.requests.values()]
+        if len(prompts) == 1 and prompts[0] in PROMPTS:
+            sessions[prompts[0]] = s
+    assert set(sessions) == set(PROMPTS), [[r.prompt for r in s.requests.values()] for s in registry.sessions.values()]
+    owners = {p: s.owner for p, s in sessions.items()}
+    assert len(set(owners.values())) == 2
+    assert all(s.engine is registry.room.engine for s in sessions.values())
+    for s in sessions.values():
+        params = s.engine.sequences[s.focus].params
+        assert params.temperature == 0.0 and params.max_tokens == MAX_TOKENS  # the page's controls took
+
+    records = registry.room.records()
+    server = _record_steps(records, WINDOW_STEPS)
+    both = [step for step, batch in server.items() if len({o for o, _ in batch}) == 2]
+    assert both, f"no engine step carried both tabs: {server}"
+
+    for page, prompt in zip(pages, PROMPTS):
+        me = owners[prompt]
+        # (a) the room view's batch strip is the server's record, step by step
+        ensure_drawn(page, "chart-room-batch", timeout=60000)
+        shown = {}
+        for _ in range(5):
+            shown = _chart_steps(page)
+            if shown == server:
+                break
+            _refresh(page)  # a frame drawn before the last step: ask for the current one
+            ensure_drawn(page, "chart-room-batch", timeout=60000)
+        assert shown == server
+        two = [step for step, batch in shown.items() if len(batch) == 2 and len({o for o, _ in batch}) == 2]
+        assert two == both
+        labels = page.evaluate("""() => document.getElementById('chart-room-batch').data[0].customdata
+                                        .map((c) => c[0])""")
+        assert f"{me} (you)" in labels and any(not x.endswith("(you)") for x in labels)  # its own and the other
+        # (b) the streamed answer is the one the engine gives for this prompt alone
+        alone = base_engine.session().generate(prompt, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+                                               chat=True).text
+        stream = page.evaluate("() => document.querySelector('#html-stream .il-stream-text').textContent")
+        assert stream == alone, (prompt, stream, alone)
+        assert sessions[prompt].engine.sequences[sessions[prompt].focus].detok.text == alone
+        # (c) no error anywhere on the page
+        assert page.locator(".il-msg-error").count() == 0, page.inner_text("#html-message")
+        assert "Traceback" not in page.content()
+
+    # the room panel as a student sees it, all four charts and the log drawn
+    page = pages[0]
+    for cid in ROOM_CHARTS:
+        ensure_drawn(page, cid, timeout=60000)
+    page.wait_for_function("() => document.querySelector('#html-room-log').innerText.trim().length > 0",
+                           timeout=30000)
+    page.evaluate("() => { document.getElementById('panel-room').scrollIntoView({block: 'start'}); "
+                  "window.inferlab.flush(); }")
+    time.sleep(0.5)  # Plotly's responsive relayout after the scroll
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#panel-room").screenshot(path=str(SCREENSHOTS / "room.png"))
+    for ctx in contexts:
+        ctx.close()
