@@ -31,24 +31,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-minutes", type=float, default=float(os.environ.get("INFERLAB_IDLE_MINUTES", "5")),
                     help="a session whose page has no open websocket (an API client) is freed after this long "
                          "without an event")
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("INFERLAB_THREADS", "0")),
+                    help="torch threads for the engine (default: one core fewer than the machine has, at least 1: "
+                         "the page-building threads need a core, and a full OpenMP team slows down when they "
+                         "take one)")
     args = ap.parse_args(argv)
     for name, value, low in (("--kv-memory-mb", args.kv_memory_mb, 1), ("--max-sessions", args.max_sessions, 1)):
         if value < low:
             ap.error(f"{name} must be at least {low} (got {value})")
+    if args.threads < 0:
+        ap.error(f"--threads must be 0 (automatic) or positive (got {args.threads})")
     if not args.idle_minutes > 0:
         ap.error(f"--idle-minutes must be positive (got {args.idle_minutes})")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     import uvicorn
 
+    from engine import compute
+
     from .server import create_app
+
+    compute.set_threads(args.threads or max(1, (os.cpu_count() or 2) - 1))
 
     app, holder = create_app(args.model, args.device, kv_memory=args.kv_memory_mb * 1024 * 1024,
                              max_sessions=args.max_sessions,
                              allowed_origins=tuple(args.allow_origin) if args.allow_origin else None,
                              socketless_timeout_s=args.idle_minutes * 60)
     url = f"http://{args.host}:{args.port}"
-    print(f"InferLab on {url}  (model: {args.model}, device: {args.device})", flush=True)
+    print(f"InferLab on {url}  (model: {args.model}, device: {args.device}, torch threads: {compute.THREADS})",
+          flush=True)
     # lecture mode: the presenter types this token into the page's "Lecture mode" box; viewers open /follow
     print(f"Lecture mode: presenter token {app.state.hub.token}  ·  viewers open {url}/follow", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

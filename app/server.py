@@ -107,8 +107,9 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     from .ui import build_demo
 
     # The room's engine thread releases the interpreter lock around every tensor operation and must win it
-    # back while other threads build pages: a 1 ms switch interval (Python's default is 5) bounds that wait.
-    sys.setswitchinterval(0.001)
+    # back while other threads build pages: a 0.2 ms switch interval (Python's default is 5 ms) bounds each
+    # wait; a forward pass is a few hundred operations.
+    sys.setswitchinterval(0.0002)
     registry = SessionRegistry(kv_memory=kv_memory, max_sessions=max_sessions,
                                socketless_timeout_s=socketless_timeout_s)
     downloads.remove_stale()

@@ -87,7 +87,7 @@ def test_empty_before_any_step(run):
         # the message is broken into lines that fit a half-width panel
         assert all(len(line) <= EMPTY_LINE_CHARS for line in f["layout"]["annotations"][0]["text"].split("<br>"))
     note = A.attention_heatmap([], 0, 0, 0, t)["layout"]["annotations"][0]["text"]
-    assert "Step the engine" in note.replace("<br>", " ")
+    assert "Nothing captured yet" in note.replace("<br>", " ")
     # a run whose every step had capture off draws nothing either
     off = [run.events[run.off_step]]
     assert is_empty(A.attention_heatmap(off, run.a, LAYER, HEAD, t))

@@ -22,7 +22,7 @@ POS_LABEL_CHARS = LABEL_CHARS + 4  # "117 " + the token text (pos_label)
 TEXT = {
     "en": {
         "attn_title": "Attention · layer {layer}, head {head}",
-        "attn_empty": "Step the engine with capture on to see attention",
+        "attn_empty": "Nothing captured yet: the engine records attention only for steps taken while this panel is in view (one engine serves the whole room). Press Step",
         "attn_no_layer": "Layer {layer}, head {head} was not captured for this sequence",
         "window": " (last {n} of {total} positions)",
         "query": "Query",
@@ -36,12 +36,12 @@ TEXT = {
         "entropy_title": "Attention entropy of the newest query<br><span style='font-size:11px;color:#555'>"
                          "position {pos}, {ctx} keys; uniform = {max:.2f} bits</span>",
         "entropy_name": "Attention entropy per head",
-        "entropy_empty": "Step the engine with capture on to see attention entropy",
+        "entropy_empty": "Nothing captured yet: the engine records attention only for steps taken while this panel is in view (one engine serves the whole room). Press Step",
         "bits": "bits",
         "x_head": "Head",
         "y_layer": "Layer",
         "lens_title": "Logit lens · top-1 next token after each layer (written where it changes)",
-        "lens_empty": "Step the engine with capture on to see the logit lens",
+        "lens_empty": "Nothing captured yet: the engine records the logit lens only for steps taken while this panel is in view (one engine serves the whole room). Press Step",
         "top1": "top-1 prob",
         "position": "position",
         "x_position": "Position (input token)",
@@ -61,7 +61,7 @@ TEXT = {
     },
     "ru": {
         "attn_title": "Внимание · слой {layer}, голова {head}",
-        "attn_empty": "Сделайте шаг движка с включённым захватом, чтобы увидеть внимание",
+        "attn_empty": "Пока ничего не записано: движок записывает внимание только на шагах, сделанных, пока эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»",
         "attn_no_layer": "Слой {layer}, голова {head} не записаны для этой последовательности",
         "window": " (последние {n} из {total} позиций)",
         "query": "Запрос",
@@ -75,12 +75,12 @@ TEXT = {
         "entropy_title": "Энтропия внимания последнего запроса<br><span style='font-size:11px;color:#555'>"
                          "позиция {pos}, ключей: {ctx}; равномерно = {max:.2f} бит</span>",
         "entropy_name": "Энтропия внимания по головам",
-        "entropy_empty": "Сделайте шаг движка с включённым захватом, чтобы увидеть энтропию внимания",
+        "entropy_empty": "Пока ничего не записано: движок записывает внимание только на шагах, сделанных, пока эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»",
         "bits": "бит",
         "x_head": "Голова",
         "y_layer": "Слой",
         "lens_title": "Logit lens · самый вероятный следующий токен после каждого слоя (подписан там, где он меняется)",
-        "lens_empty": "Сделайте шаг движка с включённым захватом, чтобы увидеть logit lens",
+        "lens_empty": "Пока ничего не записано: движок записывает logit lens только на шагах, сделанных, пока эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»",
         "top1": "вер. top-1",
         "position": "позиция",
         "x_position": "Позиция (входной токен)",

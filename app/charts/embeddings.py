@@ -17,7 +17,7 @@ TEXT = {
     "en": {
         "pca_title": "Input embeddings of the sequence, PCA to 2-D ({n} tokens)",
         "pca_labels": "labels: the newest {k} tokens; hover a point for any token",
-        "pca_empty": "Step the engine with capture on to see the token embeddings",
+        "pca_empty": "Nothing captured yet: the engine records embeddings only for steps taken while this panel is in view (one engine serves the whole room). Press Step",
         "pc": "PC{k} ({pct:.1f}% of variance)",
         "prompt": "prompt",
         "generated": "generated",
@@ -31,7 +31,7 @@ TEXT = {
     "ru": {
         "pca_title": "Входные эмбеддинги последовательности, PCA в 2-D (токенов: {n})",
         "pca_labels": "подписано последних токенов: {k}; наведите на точку, чтобы увидеть любой",
-        "pca_empty": "Сделайте шаг движка с включённым захватом, чтобы увидеть эмбеддинги токенов",
+        "pca_empty": "Пока ничего не записано: движок записывает эмбеддинги только на шагах, сделанных, пока эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»",
         "pc": "ГК{k} ({pct:.1f}% дисперсии)",
         "prompt": "промпт",
         "generated": "сгенерировано",

@@ -167,7 +167,7 @@ def batch_strip_chart(records, me: str = "", lang: str = "en", replay: bool = Fa
     lay = layout(t("room_batch_title", lang).format(n=WINDOW_STEPS), UIREV_BATCH, height=260 + 16 * len(rows),
                  barmode="overlay", bargap=0.15, annotations=[key], margin=dict(l=55, r=20, t=40, b=bottom),
                  xaxis=dict(title=dict(text=t("room_step", lang)), range=[min(steps) - 0.5, max(steps) + 0.5],
-                            tickformat="d", gridcolor="#EEE"),
+                            tickformat="d", dtick=1 if max(steps) - min(steps) <= 12 else None, gridcolor="#EEE"),
                  yaxis=dict(title=dict(text=t("room_seqs", lang)), range=[0, top + 0.5], rangemode="tozero",
                             dtick=1 if top <= 12 else None, gridcolor="#EEE"))
     return figure(data, lay)
@@ -347,7 +347,8 @@ def batch_size_chart(records, lang: str = "en", replay: bool = False) -> dict:
     lay = layout(t("room_size_title", lang), UIREV_SIZE, height=280 + 16 * len(rows), hovermode="x unified",
                  bargap=0.2 if len(records) <= WINDOW_STEPS else 0.02, shapes=[one], annotations=[key, note],
                  margin=dict(l=55, r=20, t=40, b=bottom),
-                 xaxis=dict(title=dict(text=t("room_step", lang)), tickformat="d", gridcolor="#EEE"),
+                 xaxis=dict(title=dict(text=t("room_step", lang)), tickformat="d",
+                            dtick=1 if max(xs) - min(xs) <= 12 else None, gridcolor="#EEE"),  # no half steps
                  yaxis=dict(title=dict(text=t("room_count", lang)), range=[0, max(2, top) + 0.5],
                             dtick=1 if top <= 12 else None, gridcolor="#EEE"))
     return figure(data, lay)
