@@ -59,6 +59,14 @@ def browser():
             b.close()
 
 
+@contextmanager
+def served_lab(base_engine):
+    """(url, app, browser): a real server on the shared model and Chromium, for a test module's fixture."""
+    with running_server(base_engine) as (url, app):
+        with browser() as b:
+            yield url, app, b
+
+
 def open_lab(b, url: str, width: int = 1600, height: int = 1000):
     # a Browser takes the viewport per page; a BrowserContext (a separate "tab" with its own cookies) has one
     page = b.new_page(viewport={"width": width, "height": height}) if hasattr(b, "new_context") else b.new_page()

@@ -4,8 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_util import (browser, chart_traces, chromium_available, click_and_wait, ensure_drawn, open_lab, renders,
-                      running_server)
+from e2e_util import chart_traces, chromium_available, click_and_wait, ensure_drawn, open_lab, renders, served_lab
 
 pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
@@ -13,9 +12,8 @@ SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
 
 @pytest.fixture(scope="module")
 def lab(base_engine):
-    with running_server(base_engine) as (url, app):
-        with browser() as b:
-            yield url, app, b
+    with served_lab(base_engine) as lab:
+        yield lab
 
 
 def set_prompt(page, text):

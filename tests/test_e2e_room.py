@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_util import browser, chromium_available, ensure_drawn, open_lab, running_server
+from e2e_util import chromium_available, ensure_drawn, open_lab, served_lab
 
 pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
@@ -25,9 +25,8 @@ SEGMENTS_JS = """() => {
 
 @pytest.fixture(scope="module")
 def room_lab(base_engine):
-    with running_server(base_engine) as (url, app):
-        with browser() as b:
-            yield url, app, b
+    with served_lab(base_engine) as lab:
+        yield lab
 
 
 def _prepare(page, prompt):
