@@ -67,6 +67,8 @@ class Room:
         self._cond = threading.Condition()
         self._closed = False
         self._stepping: set[str] = set()  # owners in the step running now
+        self._pool_changes = 0  # bumped whenever block tables may have changed outside a step (pool_changed)
+        self._pool_view: tuple = ((), [])  # (version it was drawn at, block_owners())
         self.steps = 0
         self.tokens = 0
         self.batch_sizes: Counter = Counter()  # sequences per step -> steps
@@ -100,6 +102,12 @@ class Room:
             o.grant = 0
             self._cond.notify_all()
         self.engine.release(ids)
+        self.pool_changed()
+
+    def pool_changed(self) -> None:
+        """Block tables changed outside a step (a release, a rewind, a branch): the room view redraws the pool."""
+        with self._cond:
+            self._pool_changes += 1
 
     def _owner(self, owner: str) -> Owner:
         o = self._owners.get(owner)
@@ -129,6 +137,7 @@ class Room:
         sid = self.engine.branch(seq_id, num_output_tokens)
         with self._cond:
             self._owner(owner).seq_ids.add(sid)
+        self.pool_changed()
         return sid
 
     def _check_caps(self, owner: str, prompt_len: int, params: SamplingParams) -> None:
@@ -319,7 +328,20 @@ class Room:
             return list(self.history)
 
     def block_owners(self) -> list[str]:
-        """Each block of the shared pool: "" free, "cached", "shared" (held by several owners), or its owner."""
+        """Each block of the shared pool: "" free, "cached", "shared" (held by several owners), or its owner.
+
+        Drawn once per pool change, not once per page: twenty tabs viewing the room would otherwise each walk
+        the whole pool, waiting for the engine's lock through every running step."""
+        with self._cond:
+            version = (self.steps, self._pool_changes)
+            if self._pool_view[0] == version:
+                return self._pool_view[1]
+        out = self._block_owners()
+        with self._cond:
+            self._pool_view = (version, out)
+        return out
+
+    def _block_owners(self) -> list[str]:
         states = self.engine.kv_block_states()
         owner_of = self.engine.seq_owners()
         out = []

@@ -130,6 +130,10 @@ class LabSession:
     # layer sets it from the charts in view. Capturing costs ~15 ms per sequence and step (a batch of 20 went
     # from 164 to 468 ms), so twenty tabs watching only the sampling chain must not pay for it.
     wants_capture: bool = True
+    # seq id -> ((room steps, this tab's edits), SeqView): a page build asks for the same view several times,
+    # and each engine read waits for a running step; a view only changes with a step or this tab's own command
+    views_cache: dict = field(default_factory=dict)
+    edits: int = 0
 
     @classmethod
     def create(cls, base: "Engine | Room", kv_memory: int | None = None, kind: str = "tab") -> "LabSession":
@@ -225,6 +229,7 @@ class LabSession:
             self.capture_bytes = 0
             self.views.clear()
             self.requests.clear()
+            self.views_cache.clear()
             self.focus = None
             self.running = False
             self.what_if = None
@@ -303,8 +308,18 @@ class LabSession:
         """engine.SeqView of one of this tab's sequences."""
         if seq_id not in self.requests:
             raise ValueError(f"sequence {seq_id} is not one of this tab's")
+        key = (self.room.steps, self.edits)
+        hit = self.views_cache.get(seq_id)
+        if hit is not None and hit[0] == key:
+            return hit[1]
         self.room.check_owner(self.owner, seq_id)
-        return self.engine.seq_view(seq_id)
+        view = self.engine.seq_view(seq_id)
+        self.views_cache[seq_id] = (key, view)
+        return view
+
+    def _edited(self) -> None:
+        """This tab changed one of its sequences outside a step: cached views are stale."""
+        self.edits += 1
 
     def focus_view(self):
         """SeqView of the focused sequence, or None."""
@@ -321,11 +336,14 @@ class LabSession:
         """Force the focused sequence's next token; returns the token's text."""
         with self.lock:
             self.engine.force_token(self._own_focus(), token_id)
+            self._edited()
             return self.engine.token_text(token_id)
 
     def rewind(self, n: int) -> None:
         with self.lock:
             self.engine.rewind(self._own_focus(), n)
+            self._edited()
+            self.room.pool_changed()
 
     def branch(self, n: int) -> int:
         """A branch of the focused sequence keeping n generated tokens; it becomes the focus."""
@@ -404,6 +422,7 @@ class LabSession:
         v = self.focus_view()
         if v is not None and not v.finished:
             self.engine.set_params(v.seq_id, params)
+            self._edited()
 
 
 # The room's shared KV pool when none is given: ~11,600 tokens of this model, e.g. twenty tabs' chats of a few
