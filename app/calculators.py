@@ -20,6 +20,7 @@ from engine import metrics
 
 from .charts import calculators as charts
 from .charts.calculators import fmt_bytes, fmt_bytes_dec, fmt_int, fmt_num, fmt_seconds, fmt_si
+from .i18n import UI, Phrase, Refusal, t, texts
 
 PANEL = "calculators"
 CHART_IDS = ["chart-calc-kv", "chart-calc-fit", "chart-calc-step", "chart-calc-roofline", "chart-calc-spec"]
@@ -34,36 +35,6 @@ MAX_K = 32
 
 DEFAULTS = {"model": "llama-3-8b", "dtype": "bf16", "context": 4096, "batch": 1, "gpu": "h100-sxm-80gb",
             "alpha": 0.8, "k": 4, "draft_cost": 0.05}
-
-CALC_TEXT = {
-    "title": {"en": "Whiteboard calculators", "ru": "Калькуляторы «на доске»"},
-    "text": {
-        "en": "The back-of-the-envelope arithmetic of serving, for well-known models and GPUs next to the model "
-              "running here. Every token of every sequence keeps 2 × layers × KV heads × head dim values in the "
-              "KV cache, so once the weights are loaded it is the KV cache that decides how many conversations fit "
-              "on a GPU. At small batch a decode step has to stream all the weights from memory, so it takes at "
-              "least bytes ÷ bandwidth — which is why quantisation speeds decoding up. Speculative decoding buys "
-              "several tokens per pass of the big model with a cheap draft of k tokens.",
-        "ru": "Прикидки «на салфетке» для известных моделей и GPU рядом с моделью, которая работает здесь. Каждый "
-              "токен каждой последовательности хранит в KV-кэше 2 × слои × KV-головы × размерность головы чисел, "
-              "поэтому после загрузки весов именно KV-кэш решает, сколько диалогов поместится на GPU. При маленьком "
-              "батче шаг декодирования обязан прочитать из памяти все веса, значит, он длится не меньше чем "
-              "байты ÷ пропускная способность — поэтому квантизация ускоряет декодирование. Спекулятивное "
-              "декодирование за счёт дешёвого черновика из k токенов получает несколько токенов за один проход "
-              "большой модели.",
-    },
-    "labels": {
-        "model": {"en": "Model", "ru": "Модель"},
-        "dtype": {"en": "Data type of weights and KV cache", "ru": "Тип данных весов и KV-кэша"},
-        "context": {"en": "Context per sequence (tokens)", "ru": "Контекст последовательности (токенов)"},
-        "batch": {"en": "Batch (sequences decoded together)", "ru": "Батч (последовательностей за шаг)"},
-        "gpu": {"en": "GPU for the formulas and the roofline", "ru": "GPU для формул и roofline"},
-        "alpha": {"en": "Acceptance rate α", "ru": "Доля принятых токенов α"},
-        "k": {"en": "Draft length k", "ru": "Длина черновика k"},
-        "draft_cost": {"en": "Draft cost c (one draft token ÷ one target step)",
-                       "ru": "Стоимость черновика c (токен черновика ÷ шаг основной модели)"},
-    },
-}
 
 
 # ---- presets --------------------------------------------------------------------------------------------------
@@ -138,15 +109,15 @@ def live_model_preset(spec, *, name: str | None = None, model_id: str | None = N
     source = f"https://huggingface.co/{model_id.split(' ')[0]}/blob/main/config.json" if model_id and \
         re.match(r"^[\w.-]+/[\w.-]+(\s|$)", model_id) else None
     return {
-        "id": LIVE_ID, "name": f"{short} (loaded)", "name_ru": f"{short} (загруженная)", "live": True,
+        "id": LIVE_ID, "name": t("calc.loaded", "en").format(name=short),
+        "name_ru": t("calc.loaded", "ru").format(name=short), "live": True,
         "num_layers": spec.num_layers, "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads,
         "head_dim": spec.head_dim, "hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
         "vocab_size": spec.vocab_size, "tie_word_embeddings": bool(spec.tie_word_embeddings),
         "qkv_bias": bool(getattr(spec, "qkv_bias", False)), "num_params": counts["total"],
         "params_per_step": per_step, "params_per_token": params_per_token or counts["matmul"],
         "loaded_bytes_per_elem": element_size, "model_id": model_id, "source": source,
-        "note": {"en": "The model running in this lab, with the numbers of its own ModelSpec.",
-                 "ru": "Модель, которая работает в этой лаборатории, с числами её собственной ModelSpec."},
+        "note": UI["calc.loaded_note"],
     }
 
 
@@ -188,12 +159,10 @@ def this_machine_preset(machine: dict, memory_bytes: int | None = None) -> dict:
     mem = memory_bytes or machine.get("memory_bytes") or total_memory_bytes()
     if not mem or mem <= 0:
         raise ValueError("this machine's memory size is unknown: pass memory_bytes")
-    return {"id": MACHINE_ID, "name": "This machine (measured)", "name_ru": "Эта машина (измерено)",
+    return {"id": MACHINE_ID, "name": t("calc.machine", "en"), "name_ru": t("calc.machine", "ru"),
             "measured": True, "memory_bytes": int(mem), "bandwidth": vals["bandwidth"],
             "peak_flops": vals["peak_flops"], "source": None,
-            "note": {"en": "Read bandwidth and fp32 matmul speed measured at start-up; memory = total RAM.",
-                     "ru": "Скорость чтения памяти и умножения матриц fp32 измерены при запуске; "
-                           "память — весь объём ОЗУ."}}
+            "note": UI["calc.machine_note"]}
 
 
 def label(preset: dict, lang: str) -> str:
@@ -310,7 +279,7 @@ def calculator_payload(model: str = DEFAULTS["model"], dtype: str = DEFAULTS["dt
                             "seconds": metrics.decode_step_lower_bound(total, x["bandwidth"]), "fits": n_fit >= batch}
         step_rows.append({"id": x["id"], "label": label(x, lang), "bandwidth": x["bandwidth"], "per_dtype": per})
     # (d) roofline of the chosen device
-    tx = charts.TEXT[lang]
+    tx = texts("calc_chart", lang)
     points = []
     runs = [(tx["decode_b"].format(b=1), "decode", decode_cost(m, b, context, 1))]
     if batch > 1:
@@ -375,70 +344,18 @@ def _ru_plural(n: float, one: str, few: str, many: str) -> str:
     return many
 
 
-_WORDS = {
-    "layers": ("layer", "layers", ("слой", "слоя", "слоёв")),
-    "kv_heads": ("KV head", "KV heads", ("KV-голова", "KV-головы", "KV-голов")),
-    "tokens": ("token", "tokens", ("токен", "токена", "токенов")),
-    "seqs": ("sequence", "sequences", ("последовательность", "последовательности", "последовательностей")),
-    "bytes": ("byte", "bytes", ("байт", "байта", "байт")),
-    "params": ("parameter", "parameters", ("параметр", "параметра", "параметров")),
-}
-
-
 def _q(n: float, word: str, lang: str) -> str:
     """'32 layers' / '32 слоя': a number with its unit word in the right form."""
-    en1, en_many, ru = _WORDS[word]
+    forms = texts("calc_word", lang)[word]  # en: (one, many); ru: (one, few, many)
     num = fmt_int(n, lang) if float(n).is_integer() else fmt_num(n, lang)
     if lang == "ru":
-        return f"{num} {_ru_plural(n, *ru)}"
-    return f"{num} {en1 if n == 1 else en_many}"
-
-
-F = {
-    "en": {
-        "kv": "KV cache of the batch", "weights": "Weights in memory", "fit": "Sequences that fit ({gpu})",
-        "step": "Decode step lower bound ({gpu})", "intensity": "Arithmetic intensity and the ridge point ({gpu})",
-        "spec": "Speculative decoding", "live": "The live model as the engine holds it",
-        "head_dim": "head dim", "per_token": "per token",
-        "tps": "≤ {t} tokens/s per sequence, {tt} tokens/s for the batch",
-        "no_batch": "a batch of {b} does not fit", "batch_ok": "a batch of {b} fits",
-        "mem_bound": "memory-bound: at most {pct}% of the compute peak is usable",
-        "compute_bound": "compute-bound", "decode1": "decode, batch 1", "decodeb": "decode, batch {b}",
-        "prefill": "prefill of {n}", "e": "tokens per target pass", "speedup": "speedup",
-        "live_line": "{name}: {dtype}, {w} of weights per step",
-        "measured": "measured",
-        "notes": "Assumptions: one device holds all the weights; {pct}% of its memory is kept for activations, the "
-                 "runtime and fragmentation (vLLM's default gpu_memory_utilization is 0.9); every sequence keeps its "
-                 "whole context; the chosen dtype applies to weights and KV cache alike (int4 scales ignored); the "
-                 "compute roof of a GPU is its dense bf16 tensor peak; a decode step reads all weights except the "
-                 "untied input embedding table, of which it gathers one row per token.",
-    },
-    "ru": {
-        "kv": "KV-кэш батча", "weights": "Веса в памяти", "fit": "Сколько последовательностей поместится ({gpu})",
-        "step": "Нижняя граница шага декодирования ({gpu})",
-        "intensity": "Арифметическая интенсивность и точка перегиба ({gpu})",
-        "spec": "Спекулятивное декодирование", "live": "Живая модель в том виде, как её хранит движок",
-        "head_dim": "размерность головы", "per_token": "на токен",
-        "tps": "≤ {t} токенов/с на последовательность, {tt} токенов/с на батч",
-        "no_batch": "батч из {b} не помещается", "batch_ok": "батч из {b} помещается",
-        "mem_bound": "упор в память: доступно не больше {pct}% пиковой производительности",
-        "compute_bound": "упор в вычисления", "decode1": "декодирование, батч 1", "decodeb": "декодирование, батч {b}",
-        "prefill": "префилл из {n}", "e": "токенов за проход основной модели", "speedup": "ускорение",
-        "live_line": "{name}: {dtype}, {w} весов за шаг",
-        "measured": "измерено",
-        "notes": "Допущения: все веса на одном устройстве; {pct}% памяти оставлено на активации, среду выполнения и "
-                 "фрагментацию (в vLLM по умолчанию gpu_memory_utilization = 0,9); каждая последовательность держит "
-                 "весь свой контекст; выбранный тип данных относится и к весам, и к KV-кэшу (масштабы int4 не "
-                 "учтены); потолок вычислений GPU — пиковая производительность bf16 на тензорных ядрах без "
-                 "разреженности; шаг декодирования читает все веса, кроме отдельной входной таблицы эмбеддингов, "
-                 "из которой берётся по одной строке на токен.",
-    },
-}
+        return f"{num} {_ru_plural(n, *forms)}"
+    return f"{num} {forms[0] if n == 1 else forms[1]}"
 
 
 def formulas_html(n: dict, lang: str) -> str:
     """Each whiteboard formula with the chosen numbers substituted, as a small HTML list."""
-    f = F[lang]
+    f = texts("calc_f", lang)
     m, g, d = n["model"], n["gpu"], n["dtype"]
     b, ctx, batch, nm = d["bytes"], n["context"], n["batch"], n["nm"]
     gname = label(g, lang)
@@ -512,22 +429,22 @@ def _pick(what: str, key: str, items: list[dict]) -> dict:
     for x in items:
         if x["id"] == key:
             return x
-    raise ValueError(f"unknown {what} {key!r}; choose one of: {', '.join(x['id'] for x in items)}")
+    raise Refusal("calc_unknown", what=Phrase(f"name.{what}"), value=repr(key), ids=", ".join(x["id"] for x in items))
 
 
 def _as_int(name: str, v, lo: int, hi: int) -> int:
     """Sliders and number boxes send floats: accept whole numbers, reject fractions and out-of-range values."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or float(v) != int(v):
-        raise ValueError(f"{name} must be a whole number (got {v!r})")
+        raise Refusal("calc_whole", name=Phrase(f"name.{name}"), value=repr(v))
     v = int(v)
     if not lo <= v <= hi:
-        raise ValueError(f"{name} must be between {lo} and {hi} (got {v})")
+        raise Refusal("calc_range", name=Phrase(f"name.{name}"), lo=lo, hi=hi, value=v)
     return v
 
 
 def _as_float(name: str, v, lo: float, hi: float) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"{name} must be a number (got {v!r})")
+        raise Refusal("calc_number", name=Phrase(f"name.{name}"), value=repr(v))
     if not lo <= v <= hi:
-        raise ValueError(f"{name} must be between {lo} and {hi} (got {v})")
+        raise Refusal("calc_range", name=Phrase(f"name.{name}"), lo=lo, hi=hi, value=v)
     return float(v)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from engine import SamplingParams
 
-from .i18n import t
+from .i18n import Phrase, Refusal, lang_of, t
 from .session import MAX_STOP_CHARS, cap_text
 from .trace import ReplaySession
 
@@ -106,7 +106,8 @@ class Outcome:
 
 # ---- apply ----------------------------------------------------------------------------------------------
 def apply(session, cmd, ctx: Context | None = None) -> Outcome:
-    """Do `cmd` to `session`; ValueError (in ctx.lang where it is ours) when it cannot be done."""
+    """Do `cmd` to `session`; a ValueError when it cannot be done (a Refusal, shown in the tab's language,
+    where the refusal is the app's own)."""
     ctx = ctx or Context()
     if isinstance(cmd, Reset):
         return _reset(session, ctx)
@@ -133,7 +134,7 @@ def _step(s, cmd: Step, ctx: Context) -> Outcome:
 
 
 def _add(s, cmd: Add, ctx: Context) -> Outcome:
-    _live(s, ctx)
+    _live(s)
     r = cmd.request
     rid = s.add_request(r.prompt, r.params, r.chat, r.system)
     if cmd.focus:
@@ -142,19 +143,19 @@ def _add(s, cmd: Add, ctx: Context) -> Outcome:
 
 
 def _force(s, cmd: Force, ctx: Context) -> Outcome:
-    _focused(s, ctx)
+    _focused(s)
     text = s.force(cmd.token_id)
     return Outcome(s, t("forced", ctx.lang).format(id=cmd.token_id, text=repr(text)))
 
 
 def _rewind(s, cmd: Rewind, ctx: Context) -> Outcome:
-    _focused(s, ctx)
+    _focused(s)
     s.rewind(cmd.n)
     return Outcome(s, t("rewound", ctx.lang).format(sid=s.focus, n=cmd.n))
 
 
 def _branch(s, cmd: Branch, ctx: Context) -> Outcome:
-    _focused(s, ctx)
+    _focused(s)
     rid = s.branch(cmd.n)
     return Outcome(s, t("branched", ctx.lang).format(rid=rid, n=cmd.n), value=rid)
 
@@ -207,15 +208,15 @@ def _start_or_update(s, request: Request | None) -> None:
         s.updated_params(request.params)
 
 
-def _live(s, ctx: Context) -> None:
+def _live(s) -> None:
     if isinstance(s, ReplaySession):
-        raise ValueError(t("replay_only_live", ctx.lang))
+        raise Refusal("replay_only_live")
 
 
-def _focused(s, ctx: Context) -> None:
-    _live(s, ctx)
+def _focused(s) -> None:
+    _live(s)
     if s.focus is None:
-        raise ValueError(t("no_focus", ctx.lang))
+        raise Refusal("no_focus")
 
 
 CHAIN_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
@@ -230,23 +231,24 @@ def same_chain(a: SamplingParams, b: SamplingParams) -> bool:
 
 # ---- building commands from client values ----------------------------------------------------------------
 def number(name: str, value, integer: bool = False, optional: bool = False):
-    """A number from a client value (a text box's string, a slider's number); ValueError naming the control."""
+    """A number from a client value (a text box's string, a slider's number); a Refusal naming the control
+    (i18n "name.<name>")."""
     if value in (None, "") and optional:
         return None
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, not {str(value)[:20]!r}") from None
+        raise Refusal("not_number", name=Phrase(f"name.{name}"), value=repr(str(value)[:20])) from None
     if integer:
         if not x.is_integer():
-            raise ValueError(f"{name} must be a whole number, not {value}")
+            raise Refusal("not_whole", name=Phrase(f"name.{name}"), value=value)
         return int(x)
     return x
 
 
 def sampling_params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop) -> SamplingParams:
     """SamplingParams from the sliders and boxes (SamplingParams itself checks the ranges)."""
-    stop = cap_text("stop strings", stop, MAX_STOP_CHARS)
+    stop = cap_text("stop", stop, MAX_STOP_CHARS)
     stops = tuple(x for x in (stop or "").split(",") if x.strip()) if stop else ()
     stops = tuple(x.replace("\\n", "\n") for x in stops)
     seed = None if seed in (None, "") else int(seed)
@@ -276,31 +278,30 @@ def socket_inputs(inputs: dict) -> dict:
             "system": str(get("system") or ""),
             "temperature": number("temperature", get("temperature")), "top_k": number("top_k", get("top_k")),
             "top_p": number("top_p", get("top_p")), "min_p": number("min_p", get("min_p")),
-            "rep": number("repetition penalty", get("rep")), "freq": number("frequency penalty", get("freq")),
-            "pres": number("presence penalty", get("pres")),
+            "rep": number("rep", get("rep")), "freq": number("freq", get("freq")), "pres": number("pres", get("pres")),
             "seed": number("seed", get("seed"), integer=True, optional=True),
-            "max_tokens": number("max tokens", get("max_tokens"), integer=True, optional=True),
+            "max_tokens": number("max_tokens", get("max_tokens"), integer=True, optional=True),
             "stop": str(get("stop") or ""), **view_inputs(inputs)}
 
 
 def view_inputs(inputs: dict) -> dict:
     get = inputs.get
-    return {"lang": get("lang") if get("lang") in ("en", "ru") else "en",
+    return {"lang": lang_of(get("lang")),
             "layer": number("layer", get("layer") or 0, integer=True),
             "head": number("head", get("head") or 0, integer=True), "word": str(get("word") or ""),
             "npos": number("position", get("npos"), integer=True, optional=True),
             "visible": str(get("visible") or "")}
 
 
-def token_id(value, lang: str) -> int:
+def token_id(value) -> int:
     if value in (None, ""):
-        raise ValueError(t("need_token", lang))
+        raise Refusal("need_token")
     return int(value)
 
 
-def kept_tokens(value, lang: str) -> int:
+def kept_tokens(value) -> int:
     if value in (None, ""):
-        raise ValueError(t("need_position", lang))
+        raise Refusal("need_position")
     return int(value)
 
 

@@ -21,7 +21,7 @@ import gradio as gr
 from engine import StepFailed
 
 from . import render
-from .i18n import t
+from .i18n import UI, Phrase, Refusal, lang_of, t
 from .protocol import IDS
 from .session import MAX_VIEW_CHARS, MAX_WORD_CHARS, LabFull, cap_text
 from .trace import ReplaySession
@@ -36,6 +36,7 @@ class TabView:
     sent_html: dict = field(default_factory=dict)  # HTML piece id -> what the page shows
     sent_figs: dict = field(default_factory=dict)  # chart id -> the figure the page last got
     tour_pos: int = -1  # index of the tour step shown (-1: the tour was not started)
+    tour_note: Phrase | None = None  # what that step ran, redrawn in the page's language when it changes
 
     def forget_sent(self) -> None:
         """A new session (Reset, a loaded trace): its first payload sends everything again."""
@@ -110,7 +111,7 @@ class View:
         state = _view_state(visible)
         ids = state.get("ids") if isinstance(state, dict) else state
         near = state.get("near") if isinstance(state, dict) else None
-        return cls("ru" if lang == "ru" else "en", int(layer or 0), int(head or 0), word or "", npos,
+        return cls(lang_of(lang), int(layer or 0), int(head or 0), word or "", npos,
                    frozenset(i for i in ids if i in render.CHART_IDS) if isinstance(ids, list) else None,
                    frozenset(i for i in near if i in render.CHART_IDS) if isinstance(near, list) else frozenset())
 
@@ -186,11 +187,11 @@ class Delivery:
 
     def error(self, exc: Exception, lang: str, op: str | None = None) -> str:
         """Any failure as a message payload: the page shows one line, never a traceback."""
-        lang = "ru" if lang == "ru" else "en"  # the failure may be the language value itself
-        if isinstance(exc, LabFull):
-            text, kind = t("lab_full", lang).format(n=self.registry.max_sessions), "warn"
-        elif isinstance(exc, ValueError):
-            text, kind = str(exc), "error"
+        lang = lang_of(lang)  # the failure may be the language value itself
+        if isinstance(exc, Refusal):
+            text, kind = exc.text(lang), "warn" if isinstance(exc, LabFull) else "error"
+        elif isinstance(exc, ValueError):  # from below the app (the engine's argument checks): English detail
+            text, kind = t("refused_detail", lang).format(detail=exc), "error"
         elif isinstance(exc, RuntimeError) and "loading" in str(exc):
             # no live session: either the model is still loading or it failed to (then say why; a trace works)
             text, kind = (f"{self.holder.error}. {t('trace_hint', lang)}", "error") if self.holder.error else \
@@ -225,7 +226,7 @@ def focus_html(s, lang: str) -> str:
     sequence is not moving: queued behind other visitors' requests, or preempted."""
     options = "".join(
         f'<option value="{sid}"{" selected" if sid == s.focus else ""}>#{sid} · '
-        f'{html.escape(s.seq_status(sid))}</option>' for sid in s.seq_ids() if s.has_seq(sid))
+        f'{html.escape(_status_text(s.seq_status(sid), lang))}</option>' for sid in s.seq_ids() if s.has_seq(sid))
     out = (f'<label class="il-focus"><span>{html.escape(t("focus", lang))}</span>'
            f'<select id="{IDS["focus_select"]}"{"" if options else " disabled"}>{options}</select></label>')
     wait = s.wait_info()  # None on a replay: it shows what was recorded
@@ -233,3 +234,10 @@ def focus_html(s, lang: str) -> str:
         line = t("preempted", lang) if wait["state"] == "preempted" else t("waiting", lang).format(n=wait["ahead"])
         out += f'<div class="il-wait">{html.escape(line)}</div>'
     return out
+
+
+def _status_text(status: str, lang: str) -> str:
+    """A sequence's status or finish reason in the page's language (a replayed trace may hold one this version
+    does not know: shown as recorded)."""
+    key = f"seq_status.{status}"
+    return t(key, lang) if key in UI else status

@@ -15,13 +15,9 @@ import gradio as gr
 from . import commands as cmd
 from . import protocol, render
 from .delivery import Delivery, View, status_line
-from .i18n import EXAMPLES, t
+from .i18n import Refusal, lang_of, t
 from .live import Hub, Lecture
 from .session import SessionRegistry, request_key as _key
-
-SLIDERS = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
-           "presence_penalty"]
-
 
 class LabHandlers:
     """Gradio callbacks. Every one returns a payload; errors become a message, never a traceback."""
@@ -97,7 +93,7 @@ class LabHandlers:
             out = cmd.apply(s, cmd.WhatIf(params), self._context(lang, request))
             if not out.changed:
                 return gr.skip()
-            lang = "ru" if lang == "ru" else "en"
+            lang = lang_of(lang)
             if out.value is None:  # the sliders are back at what the last step sampled with: its real chain
                 return self.delivery.partial(s, render.chain_payload(s, lang, *status_line(s, lang)))
             return self.delivery.partial(s, render.what_if_payload(s, out.value, lang))
@@ -112,12 +108,12 @@ class LabHandlers:
         return self._apply(build, lang, layer, head, word, npos, visible, request)
 
     def force(self, token_id, lang, layer, head, word, npos, visible, request: gr.Request = None):
-        return self._apply(lambda: cmd.Force(cmd.token_id(token_id, lang)), lang, layer, head, word, npos, visible,
+        return self._apply(lambda: cmd.Force(cmd.token_id(token_id)), lang, layer, head, word, npos, visible,
                            request)
 
     def rewind(self, n, branch, lang, layer, head, word, npos, visible, request: gr.Request = None):
         def build():
-            kept = cmd.kept_tokens(n, lang)
+            kept = cmd.kept_tokens(n)
             return cmd.Branch(kept) if branch else cmd.Rewind(kept)
 
         return self._apply(build, lang, layer, head, word, npos, visible, request)
@@ -128,6 +124,17 @@ class LabHandlers:
             s = self._session(request)
             with s.lock:  # renders of one tab may run beside its steps: read its events whole
                 return self.delivery.payload(s, view, message=None)
+        except Exception as exc:  # noqa: BLE001
+            return self.delivery.error(exc, lang)
+
+    def language(self, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        """The page in another language: every panel and the message line, which says where the session stands
+        (a message from before the switch answered a past click, in the other language: it goes)."""
+        try:
+            view = View.parse(lang, layer, head, word, npos, visible)
+            s = self._session(request)
+            with s.lock:
+                return self.delivery.payload(s, view, *status_line(s, view.lang))
         except Exception as exc:  # noqa: BLE001
             return self.delivery.error(exc, lang)
 
@@ -168,9 +175,10 @@ class LabHandlers:
             args = cmd.socket_inputs(inputs) if op == "step" else cmd.view_inputs(inputs)
             lang = args["lang"]
             if self.registry.peek(key) is None:
-                raise ValueError(t("no_session", lang))
+                raise Refusal("no_session")
         except Exception as exc:  # noqa: BLE001 - a malformed message is answered, never raised into the socket
-            self.hub.push_tab(key, json.loads(self.delivery.error(ValueError(str(exc)), lang, op=op)))
+            refusal = exc if isinstance(exc, Refusal) else ValueError(str(exc))
+            self.hub.push_tab(key, json.loads(self.delivery.error(refusal, lang, op=op)))
             if self.registry.peek(key) is None:
                 self.hub.send_tab(key, protocol.UNBOUND)  # the page's next Step goes through Gradio
             return
@@ -185,11 +193,11 @@ class LabHandlers:
         """Claim lecture mode with the presenter token: viewers at /follow then see this tab's session."""
         try:
             if self.hub is None or self.lecture is None:
-                raise ValueError(t("no_lecture", lang))
+                raise Refusal("no_lecture")
             try:
                 self.hub.check_token(token, _address(request))
-            except ValueError as exc:  # a wrong token, or too many of them from this address
-                raise ValueError(t("bad_token", lang) if str(exc) == "wrong presenter token" else str(exc)) from None
+            except Refusal as exc:  # a wrong token (the page says where to find it), or too many of them
+                raise (Refusal("bad_token") if exc.phrase.key == "wrong_token" else exc) from None
             view = View.parse(lang, layer, head, word, npos, visible)
             s = self._session(request)
             self.lecture.start(_key(request), s, view.args)
@@ -223,22 +231,17 @@ class LabHandlers:
                     gr.update(), gr.update())
         if not h.ready:
             pct = int(100 * h.progress)
+            # the loader reports its stages in English: a Russian page shows the bar and the percentage
+            detail = h.message if lang_of(lang) == "en" else f"{pct} %"
             return (f'<div class="il-loading"><progress max="100" value="{pct}"></progress> '
-                    f'{html.escape(t("loading", lang))} {html.escape(h.message)}</div>', gr.Timer(active=True),
+                    f'{html.escape(t("loading", lang))} {html.escape(detail)}</div>', gr.Timer(active=True),
                     gr.update(), gr.update())
-        return (f'<div class="il-ready">✓ {html.escape(t("ready", lang))}: {html.escape(h.model_id)} · '
-                f'{html.escape(h.device)}</div>', gr.Timer(active=False),
+        # the model's name; its id's note on where the weights came from ("(Q4_1 GGUF, dequantised)") is English
+        # and goes to the hover title
+        name = h.model_id.split(" ")[0]
+        return (f'<div class="il-ready" title="{html.escape(h.model_id)}">✓ {html.escape(t("ready", lang))}: '
+                f'{html.escape(name)} · {html.escape(h.device.upper())}</div>', gr.Timer(active=False),
                 gr.update(maximum=h.spec.num_layers - 1), gr.update(maximum=h.spec.num_heads - 1))
-
-    def relabel(self, lang):
-        """Labels of every control in the chosen language (app/ui.py lists the same controls in RELABELED)."""
-        keys = ["prompt", "chat", "system", *SLIDERS, "seed", "max_tokens", "stop", "layer", "head", "force",
-                "rewind", "word", "neighbour"]
-        buttons = ["step", "run", "pause", "reset", "add", "force_btn", "rewind_btn"]
-        return ([gr.update(label=t(k, lang)) for k in keys] + [gr.update(value=t(b, lang)) for b in buttons]
-                + [gr.update(label=t("branch_btn", lang)), gr.update(samples=[[e] for e in EXAMPLES[lang]])]
-                + [gr.update(label=t("lecture", lang)), gr.update(label=t("token", lang)),
-                   gr.update(value=t("present", lang)), gr.update(value=t("unpresent", lang))])
 
 
 class _TabRequest:

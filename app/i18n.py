@@ -1,5 +1,20 @@
-"""UI strings in English and Russian, and the short explanation that heads each panel."""
+"""Every string the page shows, in English and Russian: one table, key -> {"en": ..., "ru": ...}.
+
+Keys with a dot belong to a section ("attn.title" is the attention charts' title): a chart or panel module
+reads its own section with `texts(section, lang)`, everything else one key with `t(key, lang)`. A message
+made before the tab's language is known (a refusal deep in the session or the room) is a `Phrase` or a
+`Refusal`, rendered in the tab's language where it reaches the page. Values are text, or lists, tuples and
+dicts of text where a chart takes several labels at once (the same shape in both languages).
+
+The example prompts are not translations of each other: each language has its own list.
+"""
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+LANGS = ("en", "ru")
 
 EXAMPLES = {
     "en": ["What is gravity?", "Write a haiku about the Moon.", "Explain the KV cache in one paragraph.",
@@ -8,6 +23,7 @@ EXAMPLES = {
 }
 
 UI = {
+    # ---- the page: header, controls, messages ----
     "title": {"en": "InferLab — a real LLM, one step at a time",
               "ru": "InferLab — настоящая LLM, шаг за шагом"},
     "subtitle": {"en": "Every chart below is drawn from the running engine's own step events.",
@@ -24,7 +40,7 @@ UI = {
     "repetition_penalty": {"en": "Repetition penalty", "ru": "Штраф за повтор"},
     "frequency_penalty": {"en": "Frequency penalty", "ru": "Частотный штраф"},
     "presence_penalty": {"en": "Presence penalty", "ru": "Штраф за присутствие"},
-    "seed": {"en": "Seed", "ru": "Seed"},
+    "seed": {"en": "Seed", "ru": "Сид"},
     "max_tokens": {"en": "Max new tokens", "ru": "Макс. новых токенов"},
     "stop": {"en": "Stop strings (comma-separated)", "ru": "Стоп-строки (через запятую)"},
     "step": {"en": "Step", "ru": "Шаг"},
@@ -70,6 +86,7 @@ UI = {
                "ru": "Что-то пошло не так ({cause}). Если повторится, нажмите «Сброс»."},
     "spec_busy": {"en": "Another visitor's speed measurement is running: try again in a few seconds.",
                   "ru": "Сейчас идёт замер скорости другого посетителя: попробуйте через несколько секунд."},
+    "wrong_token": {"en": "wrong presenter token", "ru": "Неверный токен ведущего."},
     "bad_token": {"en": "Wrong presenter token: look for it in the server's console output.",
                   "ru": "Неверный токен ведущего: он напечатан в консоли сервера."},
     "presenting": {"en": "You are presenting: viewers who open /follow see every step of this session.",
@@ -172,7 +189,8 @@ UI = {
                            "step; Reset returns to the live engine.",
                      "ru": "Воспроизводится запись ({n} шагов, модель {model}): «Шаг» показывает следующий "
                            "записанный шаг; «Сброс» возвращает к живому движку."},
-    "trace_bad": {"en": "This file is not a usable InferLab trace", "ru": "Этот файл — не запись InferLab"},
+    "trace_bad": {"en": "This file is not a usable InferLab trace: {detail}",
+                  "ru": "Этот файл — не запись InferLab: {detail}"},
     "replay_pos": {"en": "Replay: step {pos} of {n}.", "ru": "Запись: шаг {pos} из {n}."},
     "chart": {"en": "Chart", "ru": "График"},
     "format": {"en": "Format", "ru": "Формат"},
@@ -202,103 +220,864 @@ UI = {
     "waiting": {"en": "waiting: {n} requests ahead of yours", "ru": "ожидание: впереди вашего запроса ещё {n}"},
     "preempted": {"en": "preempted: the KV pool was full; it will be recomputed",
                   "ru": "вытеснен: пул KV был полон; запрос будет пересчитан"},
+    # ---- the page's frame and lines the server writes (app/ui.py, app/handlers.py, app/render.py) ----
+    "measuring": {"en": "measuring this machine…", "ru": "измеряем эту машину…"},
+    "draw_failed": {"en": "This chart cannot be drawn from this trace (a value in it is malformed)",
+                    "ru": "Этот график нельзя построить по этой записи (в ней испорчено значение)"},
+    "bpe_summary": {"en": "How byte-level BPE builds «{word}», merge by merge",
+                    "ru": "Как байтовый BPE собирает «{word}», слияние за слиянием"},
+    # a sequence's state in the sequence selector: the scheduler's status, or why it finished
+    "seq_status.waiting": {"en": "waiting", "ru": "ждёт"},
+    "seq_status.running": {"en": "running", "ru": "выполняется"},
+    "seq_status.finished": {"en": "finished", "ru": "завершена"},
+    "seq_status.eos": {"en": "eos", "ru": "токен конца"},
+    "seq_status.stop": {"en": "stop", "ru": "стоп-строка"},
+    "seq_status.length": {"en": "length", "ru": "лимит длины"},
+    "seq_status.abort": {"en": "abort", "ru": "прервана"},
+    "refused_detail": {"en": "{detail}", "ru": "Значение не принято: {detail}"},
+    # ---- refusals (app/i18n.py Refusal): the English text is also what logs and API clients read ----
+    "empty_prompt": {"en": "prompt must not be empty", "ru": "Запрос не должен быть пустым."},
+    "text_type": {"en": "{name} must be text", "ru": "Поле «{name}» должно содержать текст."},
+    "text_long": {"en": "{name} is {n} characters; the lab accepts up to {limit}",
+                  "ru": "Поле «{name}»: {n} символов, а лаборатория принимает не больше {limit}."},
+    "not_number": {"en": "{name} must be a number, not {value}", "ru": "Поле «{name}»: нужно число, а не {value}."},
+    "not_whole": {"en": "{name} must be a whole number, not {value}",
+                  "ru": "Поле «{name}»: нужно целое число, а не {value}."},
+    "not_this_tab": {"en": "sequence {sid} is not one of this tab's",
+                     "ru": "Последовательность {sid} принадлежит не этой вкладке."},
+    "not_yours": {"en": "sequence {sid} is not one of yours", "ru": "Последовательность {sid} — не ваша."},
+    "tab_closed": {"en": "this tab was closed; reload the page to start again",
+                   "ru": "Эта вкладка была закрыта: перезагрузите страницу, чтобы начать заново."},
+    "left_room": {"en": "this session has left the room; reload the page",
+                  "ru": "Эта сессия уже покинула комнату: перезагрузите страницу."},
+    "cap_seqs": {"en": "you have {n} unfinished sequences, the most one visitor may run at once ({max}); let one "
+                       "finish or press Reset",
+                 "ru": "Незавершённых последовательностей у вас: {n} — это предел для одного посетителя ({max}); "
+                       "дождитесь, пока одна завершится, или нажмите «Сброс»."},
+    "cap_prompt": {"en": "your sequences' prompts would hold {n} tokens; one visitor may hold {max}; shorten the "
+                         "prompt or press Reset",
+                   "ru": "В запросах ваших последовательностей было бы токенов: {n}, а одному посетителю можно не "
+                         "больше {max}; сократите запрос или нажмите «Сброс»."},
+    "cap_blocks": {"en": "this request may need {need} KV blocks and yours already reserve {have}; one visitor may "
+                         "reserve {max} of the room's shared pool; lower max_tokens, shorten the prompt or press "
+                         "Reset",
+                   "ru": "Этому запросу может понадобиться блоков KV: {need}, а ваши последовательности уже "
+                         "резервируют {have}; одному посетителю можно занять не больше {max} блоков общего пула "
+                         "комнаты; уменьшите «Макс. новых токенов», сократите запрос или нажмите «Сброс»."},
+    "cap_room": {"en": "the room's engine holds {n} sequences, its limit; try again in a minute",
+                 "ru": "Движок комнаты заполнен (последовательностей: {n}, это его предел); попробуйте через минуту."},
+    "token_wait": {"en": "too many wrong presenter tokens: try again in {wait} s",
+                   "ru": "Слишком много неверных токенов ведущего: попробуйте через {wait} с."},
+    "trace_too_big": {"en": "the trace is larger than {n} MiB", "ru": "Запись больше {n} МиБ."},
+    "bad_format": {"en": "format must be png or html", "ru": "Формат должен быть png или html."},
+    "replay_read_only": {"en": "this is a replayed trace (no model loaded): {what} needs a live session",
+                         "ru": "Это воспроизводимая запись (модель не загружена): {what} — только в живой сессии."},
+    "replay_what.action": {"en": "this action (what-if, force, rewind, a new request)",
+                           "ru": "это действие (что-если, навязывание токена, откат, новый запрос)"},
+    "replay_what.request": {"en": "a new request", "ru": "новый запрос"},
+    "replay_what.params": {"en": "changing sampling parameters", "ru": "изменение параметров сэмплирования"},
+    "replay_what.what_if": {"en": "a what-if", "ru": "что-если"},
+    "replay_what.force": {"en": "forcing a token", "ru": "навязывание токена"},
+    "replay_what.rewind": {"en": "rewinding", "ru": "откат"},
+    "replay_what.branch": {"en": "branching", "ru": "ветвление"},
+    "replay_no_word": {"en": "«{word}» was not recorded in this trace (a replay has no tokenizer); recorded words: "
+                             "{known}",
+                       "ru": "Слово «{word}» в этой записи не сохранено (при воспроизведении нет токенизатора); "
+                             "сохранённые слова: {known}"},
+    "replay_no_words": {"en": "none", "ru": "нет"},
+    "replay_no_seq": {"en": "sequence #{sid} does not exist at this point of the trace",
+                      "ru": "Последовательности №{sid} в этой точке записи нет."},
+    "calc_unknown": {"en": "unknown {what} {value}; choose one of: {ids}",
+                     "ru": "Неизвестное значение поля «{what}»: {value}; выберите одно из: {ids}"},
+    "calc_whole": {"en": "{name} must be a whole number (got {value})",
+                   "ru": "Поле «{name}»: нужно целое число (получено {value})."},
+    "calc_number": {"en": "{name} must be a number (got {value})",
+                    "ru": "Поле «{name}»: нужно число (получено {value})."},
+    "calc_range": {"en": "{name} must be between {lo} and {hi} (got {value})",
+                   "ru": "Поле «{name}»: нужно значение от {lo} до {hi} (получено {value})."},
+    # the names refusals give the page's boxes
+    "name.prompt": {"en": "prompt", "ru": "запрос"},
+    "name.system": {"en": "system prompt", "ru": "системный промпт"},
+    "name.word": {"en": "word", "ru": "слово для BPE"},
+    "name.stop": {"en": "stop strings", "ru": "стоп-строки"},
+    "name.temperature": {"en": "temperature", "ru": "температура"},
+    "name.top_k": {"en": "top_k", "ru": "top-k"},
+    "name.top_p": {"en": "top_p", "ru": "top-p"},
+    "name.min_p": {"en": "min_p", "ru": "min-p"},
+    "name.rep": {"en": "repetition penalty", "ru": "штраф за повтор"},
+    "name.freq": {"en": "frequency penalty", "ru": "частотный штраф"},
+    "name.pres": {"en": "presence penalty", "ru": "штраф за присутствие"},
+    "name.seed": {"en": "seed", "ru": "сид"},
+    "name.max_tokens": {"en": "max tokens", "ru": "макс. новых токенов"},
+    "name.layer": {"en": "layer", "ru": "слой"},
+    "name.head": {"en": "head", "ru": "голова"},
+    "name.position": {"en": "position", "ru": "позиция"},
+    "name.model": {"en": "model", "ru": "модель"},
+    "name.gpu": {"en": "gpu", "ru": "GPU"},
+    "name.dtype": {"en": "dtype", "ru": "тип данных"},
+    "name.context": {"en": "context", "ru": "контекст"},
+    "name.batch": {"en": "batch", "ru": "батч"},
+    "name.k": {"en": "k", "ru": "k"},
+    "name.alpha": {"en": "alpha", "ru": "α"},
+    "name.draft_cost": {"en": "draft_cost", "ru": "стоимость черновика"},
+    "name.reserve_fraction": {"en": "reserve_fraction", "ru": "доля резерва"},
+    # ---- the whiteboard calculators' generated presets ----
+    "calc.loaded": {"en": "{name} (loaded)", "ru": "{name} (загруженная)"},
+    "calc.loaded_note": {"en": "The model running in this lab, with the numbers of its own ModelSpec.",
+                         "ru": "Модель, которая работает в этой лаборатории, с числами её собственной спецификации."},
+    "calc.machine": {"en": "This machine (measured)", "ru": "Эта машина (измерено)"},
+    "calc.machine_note": {"en": "Read bandwidth and fp32 matmul speed measured at start-up; memory = total RAM.",
+                          "ru": "Скорость чтения памяти и умножения матриц fp32 измерены при запуске; память — весь "
+                                "объём ОЗУ."},
+    # ---- the stage panels' titles and explanations (PANEL_KEYS gives their order) ----
+    "panel.template.title": {"en": "1 · Chat template & tokens", "ru": "1 · Шаблон чата и токены"},
+    "panel.template.text": {"en": "The model never sees your text as typed: the chat template wraps it in role "
+                                  "markers (special tokens, highlighted), and byte-level BPE cuts the result into "
+                                  "tokens. Hover a chip for its id and UTF-8 bytes; Cyrillic letters take two bytes "
+                                  "each, so Russian text needs more tokens than English.",
+                            "ru": "Модель не видит текст в том виде, как вы его набрали: шаблон чата оборачивает его "
+                                  "служебными токенами ролей (подсвечены), а байтовый BPE режет результат на токены. "
+                                  "Наведите на фишку — увидите id и байты UTF-8; кириллическая буква занимает два "
+                                  "байта, поэтому русскому тексту нужно больше токенов."},
+    "panel.embeddings.title": {"en": "2 · Embeddings", "ru": "2 · Эмбеддинги"},
+    "panel.embeddings.text": {"en": "Each token id selects one row of the embedding matrix: a vector of the model's "
+                                    "hidden size. The scatter projects this sequence's vectors to 2-D with PCA; the "
+                                    "bars list the vocabulary entries whose vectors point the same way (cosine "
+                                    "similarity) as the chosen token's.",
+                              "ru": "Каждый id токена выбирает строку матрицы эмбеддингов — вектор размерности "
+                                    "скрытого слоя. Точки — проекция векторов этой последовательности на плоскость "
+                                    "(PCA); столбцы — токены словаря, чьи векторы ближе всего по косинусу к "
+                                    "выбранному."},
+    "panel.layers.title": {"en": "3 · Layers & attention", "ru": "3 · Слои и внимание"},
+    "panel.layers.text": {"en": "In every layer each head decides how much each earlier token matters for the "
+                                "current one. During prefill the whole triangle is computed at once; each decode "
+                                "step adds one row, reading the older keys and values from the KV cache. The logit "
+                                "lens applies the final norm and the output head to every layer's residual stream: "
+                                "watch the answer form as depth grows (a token is written where it differs from the "
+                                "layer below; hover a cell for the top 5).",
+                          "ru": "В каждом слое каждая голова решает, насколько каждый предыдущий токен важен для "
+                                "текущего. На префилле весь треугольник считается сразу; каждый шаг декодирования "
+                                "добавляет одну строку, читая старые ключи и значения из KV-кэша. «Логит-линза» "
+                                "применяет финальную нормализацию и выходную голову к остаточному потоку каждого "
+                                "слоя — видно, как ответ складывается с глубиной (токен подписан там, где он "
+                                "отличается от слоя ниже; наведите на клетку, чтобы увидеть топ-5)."},
+    "panel.logits.title": {"en": "4 · Logits → softmax", "ru": "4 · Логиты → softmax"},
+    "panel.logits.text": {"en": "The last layer's vector for the newest position is multiplied by the output matrix: "
+                                "one score (logit) per vocabulary entry. Softmax turns scores into probabilities. "
+                                "Entropy says how unsure the model is; perplexity summarises how surprising the kept "
+                                "tokens were.",
+                          "ru": "Вектор последнего слоя для новой позиции умножается на выходную матрицу — по одной "
+                                "оценке (логиту) на каждый токен словаря. Softmax превращает оценки в вероятности. "
+                                "Энтропия показывает неуверенность модели, перплексия — насколько неожиданными были "
+                                "выбранные токены."},
+    "panel.sampling.title": {"en": "5 · The sampling chain", "ru": "5 · Цепочка сэмплирования"},
+    "panel.sampling.text": {"en": "Penalties, temperature, min-p, top-k and top-p run in this order, each cutting or "
+                                  "reshaping the distribution (grey bars were removed; the rest is renormalised). "
+                                  "Then a uniform random number u is drawn and the token where the cumulative "
+                                  "distribution first exceeds u is chosen. Move a slider: the chain is recomputed "
+                                  "from this step's logits with the same u, without rerunning the model.",
+                            "ru": "Штрафы, температура, min-p, top-k и top-p применяются именно в таком порядке, "
+                                  "каждый срезает или перекраивает распределение (серые столбцы отброшены, остальное "
+                                  "перенормировано). Затем берётся случайное u, и выбирается токен, на котором "
+                                  "накопленная вероятность впервые превышает u. Подвигайте ползунок — цепочка "
+                                  "пересчитается по логитам этого шага с тем же u, без повторного прогона модели."},
+    "panel.detok.title": {"en": "6 · Detokenizer & stream", "ru": "6 · Детокенизатор и поток"},
+    "panel.detok.text": {"en": "Tokens are bytes, and one character can be split across tokens: the detokenizer "
+                               "holds back an incomplete UTF-8 character instead of printing '�', and holds back "
+                               "text that might be the start of a stop string. Held-back parts are shown in orange.",
+                         "ru": "Токены — это байты, и один символ может оказаться разрезан между токенами: "
+                               "детокенизатор придерживает неполный символ UTF-8 вместо вывода '�' и придерживает "
+                               "текст, который может оказаться началом стоп-строки. Придержанное показано оранжевым."},
+    "panel.kv.title": {"en": "7 · Paged KV cache", "ru": "7 · Страничный KV-кэш"},
+    "panel.kv.text": {"en": "Keys and values of past tokens live in fixed-size blocks. Each sequence has a block "
+                            "table mapping its logical blocks to physical ones; sequences with a common prefix share "
+                            "blocks (refcount > 1), and finished blocks stay cached for reuse until evicted. A naive "
+                            "allocator would reserve the whole maximum length per sequence up front.",
+                      "ru": "Ключи и значения прошлых токенов хранятся в блоках фиксированного размера. У каждой "
+                            "последовательности есть таблица блоков — отображение логических блоков в физические; "
+                            "последовательности с общим префиксом делят блоки (refcount > 1), а освободившиеся блоки "
+                            "остаются в кэше до вытеснения. Наивный аллокатор сразу зарезервировал бы максимальную "
+                            "длину."},
+    "panel.timeline.title": {"en": "8 · Timeline & roofline", "ru": "8 · Хронология и roofline"},
+    "panel.timeline.text": {"en": "Prefill processes many tokens in one pass and is limited by arithmetic; decode "
+                                  "produces one token per sequence per pass and is limited by how fast the weights "
+                                  "stream from memory. The roofline uses this machine's measured bandwidth and "
+                                  "matmul speed; each step is a point. Times are engine time.",
+                            "ru": "Префилл обрабатывает много токенов за проход и упирается в вычисления; "
+                                  "декодирование даёт один токен на последовательность за проход и упирается в "
+                                  "скорость чтения весов из памяти. Roofline построен по измеренной пропускной "
+                                  "способности и скорости умножения матриц этой машины; каждый шаг — точка. Время — "
+                                  "время работы движка."},
+    "panel.speculative.title": {"en": "9 · Speculative decoding", "ru": "9 · Спекулятивное декодирование"},
+    "panel.speculative.text": {"en": "A cheap drafter guesses k tokens; the model checks all of them in ONE forward "
+                                     "pass. Each draft x is kept when a uniform u ≤ p(x)/q(x) (p: the model, q: the "
+                                     "drafter); at the first rejection a token is drawn from the leftover max(p − q, "
+                                     "0), and if all pass the model adds a bonus token. The output has exactly the "
+                                     "model's distribution, yet one pass can yield up to k+1 tokens; rejected "
+                                     "drafts' KV slots are rolled back.",
+                               "ru": "Дешёвый черновик угадывает k токенов; модель проверяет их все за ОДИН проход. "
+                                     "Токен x черновика принимается, если равномерное u ≤ p(x)/q(x) (p — модель, q — "
+                                     "черновик); при первом отказе токен берётся из остатка max(p − q, 0), а если "
+                                     "приняты все — модель добавляет бонусный токен. Выход имеет в точности "
+                                     "распределение модели, но один проход даёт до k+1 токенов; KV-слоты отвергнутых "
+                                     "токенов откатываются."},
+    "panel.room.title": {"en": "10 · The room: one engine for everyone", "ru": "10 · Комната: один движок на всех"},
+    "panel.room.text": {"en": "Every tab in this room talks to ONE engine. Each step batches the sequences of every "
+                              "tab that is running into a single forward pass, so when everyone presses Run at once "
+                              "the batches grow and the room's tokens per second rise while each tab's own speed "
+                              "stays about the same. Sequences not in a step are held: they keep their KV blocks and "
+                              "continue where they stopped. Tabs that share a prompt prefix (the same system prompt) "
+                              "share its KV blocks; when the pool is full the engine preempts a sequence and "
+                              "recomputes it later.",
+                        "ru": "Все вкладки этой комнаты работают с ОДНИМ движком. Каждый шаг собирает "
+                              "последовательности всех запущенных вкладок в один прямой проход: когда все разом "
+                              "нажимают «Запуск», батчи растут, и токенов в секунду у комнаты становится больше, а "
+                              "скорость каждой вкладки почти не меняется. Последовательности вне шага отложены: их "
+                              "блоки KV сохраняются, и они продолжают с того же места. Вкладки с общим началом "
+                              "запроса (одинаковый системный промпт) делят его блоки KV; когда пул заполнен, движок "
+                              "вытесняет последовательность и позже пересчитывает её."},
+    # ---- the whiteboard calculators (app/calculators.py) ----
+    "calc.title": {"en": "Whiteboard calculators", "ru": "Калькуляторы «на доске»"},
+    "calc.text": {"en": "The back-of-the-envelope arithmetic of serving, for well-known models and GPUs next to the "
+                        "model running here. Every token of every sequence keeps 2 × layers × KV heads × head dim "
+                        "values in the KV cache, so once the weights are loaded it is the KV cache that decides how "
+                        "many conversations fit on a GPU. At small batch a decode step has to stream all the weights "
+                        "from memory, so it takes at least bytes ÷ bandwidth — which is why quantisation speeds "
+                        "decoding up. Speculative decoding buys several tokens per pass of the big model with a "
+                        "cheap draft of k tokens.",
+                  "ru": "Прикидки «на салфетке» для известных моделей и GPU рядом с моделью, которая работает здесь. "
+                        "Каждый токен каждой последовательности хранит в KV-кэше 2 × слои × KV-головы × размерность "
+                        "головы чисел, поэтому после загрузки весов именно KV-кэш решает, сколько диалогов "
+                        "поместится на GPU. При маленьком батче шаг декодирования обязан прочитать из памяти все "
+                        "веса, значит, он длится не меньше чем байты ÷ пропускная способность — поэтому квантизация "
+                        "ускоряет декодирование. Спекулятивное декодирование за счёт дешёвого черновика из k токенов "
+                        "получает несколько токенов за один проход большой модели."},
+    "calc.label.model": {"en": "Model", "ru": "Модель"},
+    "calc.label.dtype": {"en": "Data type of weights and KV cache", "ru": "Тип данных весов и KV-кэша"},
+    "calc.label.context": {"en": "Context per sequence (tokens)", "ru": "Контекст последовательности (токенов)"},
+    "calc.label.batch": {"en": "Batch (sequences decoded together)", "ru": "Батч (последовательностей за шаг)"},
+    "calc.label.gpu": {"en": "GPU for the formulas and the roofline", "ru": "GPU для формул и roofline"},
+    "calc.label.alpha": {"en": "Acceptance rate α", "ru": "Доля принятых токенов α"},
+    "calc.label.k": {"en": "Draft length k", "ru": "Длина черновика k"},
+    "calc.label.draft_cost": {"en": "Draft cost c (one draft token ÷ one target step)",
+                              "ru": "Стоимость черновика c (токен черновика ÷ шаг основной модели)"},
+    "calc_f.kv": {"en": "KV cache of the batch", "ru": "KV-кэш батча"},
+    "calc_f.weights": {"en": "Weights in memory", "ru": "Веса в памяти"},
+    "calc_f.fit": {"en": "Sequences that fit ({gpu})", "ru": "Сколько последовательностей поместится ({gpu})"},
+    "calc_f.step": {"en": "Decode step lower bound ({gpu})", "ru": "Нижняя граница шага декодирования ({gpu})"},
+    "calc_f.intensity": {"en": "Arithmetic intensity and the ridge point ({gpu})",
+                         "ru": "Арифметическая интенсивность и точка перегиба ({gpu})"},
+    "calc_f.spec": {"en": "Speculative decoding", "ru": "Спекулятивное декодирование"},
+    "calc_f.live": {"en": "The live model as the engine holds it",
+                    "ru": "Живая модель в том виде, как её хранит движок"},
+    "calc_f.head_dim": {"en": "head dim", "ru": "размерность головы"},
+    "calc_f.per_token": {"en": "per token", "ru": "на токен"},
+    "calc_f.tps": {"en": "≤ {t} tokens/s per sequence, {tt} tokens/s for the batch",
+                   "ru": "≤ {t} токенов/с на последовательность, {tt} токенов/с на батч"},
+    "calc_f.no_batch": {"en": "a batch of {b} does not fit", "ru": "батч из {b} не помещается"},
+    "calc_f.batch_ok": {"en": "a batch of {b} fits", "ru": "батч из {b} помещается"},
+    "calc_f.mem_bound": {"en": "memory-bound: at most {pct}% of the compute peak is usable",
+                         "ru": "упор в память: доступно не больше {pct}% пиковой производительности"},
+    "calc_f.compute_bound": {"en": "compute-bound", "ru": "упор в вычисления"},
+    "calc_f.decode1": {"en": "decode, batch 1", "ru": "декодирование, батч 1"},
+    "calc_f.decodeb": {"en": "decode, batch {b}", "ru": "декодирование, батч {b}"},
+    "calc_f.prefill": {"en": "prefill of {n}", "ru": "префилл из {n}"},
+    "calc_f.e": {"en": "tokens per target pass", "ru": "токенов за проход основной модели"},
+    "calc_f.speedup": {"en": "speedup", "ru": "ускорение"},
+    "calc_f.live_line": {"en": "{name}: {dtype}, {w} of weights per step", "ru": "{name}: {dtype}, {w} весов за шаг"},
+    "calc_f.measured": {"en": "measured", "ru": "измерено"},
+    "calc_f.notes": {"en": "Assumptions: one device holds all the weights; {pct}% of its memory is kept for "
+                           "activations, the runtime and fragmentation (vLLM's default gpu_memory_utilization is "
+                           "0.9); every sequence keeps its whole context; the chosen dtype applies to weights and KV "
+                           "cache alike (int4 scales ignored); the compute roof of a GPU is its dense bf16 tensor "
+                           "peak; a decode step reads all weights except the untied input embedding table, of which "
+                           "it gathers one row per token.",
+                     "ru": "Допущения: все веса на одном устройстве; {pct}% памяти оставлено на активации, среду "
+                           "выполнения и фрагментацию (в vLLM по умолчанию gpu_memory_utilization = 0,9); каждая "
+                           "последовательность держит весь свой контекст; выбранный тип данных относится и к весам, "
+                           "и к KV-кэшу (масштабы int4 не учтены); потолок вычислений GPU — пиковая "
+                           "производительность bf16 на тензорных ядрах без разреженности; шаг декодирования читает "
+                           "все веса, кроме отдельной входной таблицы эмбеддингов, из которой берётся по одной "
+                           "строке на токен."},
+    # a number's unit word: English (one, many), Russian (one, few, many) as in 1 слой, 2 слоя, 5 слоёв
+    "calc_word.layers": {"en": ("layer", "layers"), "ru": ("слой", "слоя", "слоёв")},
+    "calc_word.kv_heads": {"en": ("KV head", "KV heads"), "ru": ("KV-голова", "KV-головы", "KV-голов")},
+    "calc_word.tokens": {"en": ("token", "tokens"), "ru": ("токен", "токена", "токенов")},
+    "calc_word.seqs": {"en": ("sequence", "sequences"),
+                       "ru": ("последовательность", "последовательности", "последовательностей")},
+    "calc_word.bytes": {"en": ("byte", "bytes"), "ru": ("байт", "байта", "байт")},
+    "calc_word.params": {"en": ("parameter", "parameters"), "ru": ("параметр", "параметра", "параметров")},
+    # ---- the guided tour's notes on what a step ran (app/tour.py) ----
+    "tour_note.none": {"en": "Nothing to run: look at the highlighted panel.",
+                       "ru": "Запускать нечего: смотрите на подсвеченную панель."},
+    "tour_note.start": {"en": "Started «{p}» ({mode}); max new tokens: {n}.",
+                        "ru": "Запущен запрос «{p}» ({mode}); макс. новых токенов: {n}."},
+    "tour_note.chat": {"en": "chat template", "ru": "шаблон чата"},
+    "tour_note.plain": {"en": "plain text", "ru": "простой текст"},
+    "tour_note.step": {"en": "Ran {done} engine step(s).", "ru": "Выполнено шагов движка: {done}."},
+    "tour_note.step_short": {"en": "Ran {done} of {want} engine steps: every sequence has finished.",
+                             "ru": "Выполнено шагов движка: {done} из {want} — все последовательности завершены."},
+    "tour_note.add": {"en": "Queued request {sid}: «{p}» ({mode}). It is admitted at the next step.",
+                      "ru": "В очередь добавлен запрос {sid}: «{p}» ({mode}). Он будет принят на следующем шаге."},
+    "tour_note.run": {"en": "Ran {done} engine step(s) until every sequence finished.",
+                      "ru": "Выполнено шагов движка: {done}; все последовательности завершены."},
+    "tour_note.nothing": {"en": "Nothing left to run: every sequence has finished.",
+                          "ru": "Делать больше нечего: все последовательности завершены."},
+    # ---- the charts and panels (app/charts/*, app/panels/*): one section per module ----
+    # app/charts/attention.py
+    "attn.attn_title": {"en": "Attention · layer {layer}, head {head}",
+                        "ru": "Внимание · слой {layer}, голова {head}"},
+    "attn.attn_empty": {"en": "Nothing captured yet: the engine records attention only for steps taken while this "
+                              "panel is in view (one engine serves the whole room). Press Step",
+                        "ru": "Пока ничего не записано: движок записывает внимание только на шагах, сделанных, пока "
+                              "эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»"},
+    "attn.attn_no_layer": {"en": "Layer {layer}, head {head} was not captured for this sequence",
+                           "ru": "Слой {layer}, голова {head} не записаны для этой последовательности"},
+    "attn.window": {"en": " (last {n} of {total} positions)", "ru": " (последние {n} из {total} позиций)"},
+    "attn.query": {"en": "Query", "ru": "Запрос"},
+    "attn.key": {"en": "Key", "ru": "Ключ"},
+    "attn.weight": {"en": "weight", "ru": "вес"},
+    "attn.x_key": {"en": "Key token (attended to)", "ru": "Токен-ключ (на который смотрят)"},
+    "attn.y_query": {"en": "Query token (attending)", "ru": "Токен-запрос (который смотрит)"},
+    "attn.grid_title": {"en": "All heads · layer {layer}", "ru": "Все головы · слой {layer}"},
+    "attn.head": {"en": "head", "ru": "голова"},
+    "attn.layer": {"en": "layer", "ru": "слой"},
+    "attn.entropy_title": {"en": "Attention entropy of the newest query<br><span "
+                                 "style='font-size:11px;color:#555'>position {pos}, {ctx} keys; uniform = {max:.2f} "
+                                 "bits</span>",
+                           "ru": "Энтропия внимания последнего запроса<br><span "
+                                 "style='font-size:11px;color:#555'>позиция {pos}, ключей: {ctx}; равномерно = "
+                                 "{max:.2f} бит</span>"},
+    "attn.entropy_name": {"en": "Attention entropy per head", "ru": "Энтропия внимания по головам"},
+    "attn.entropy_empty": {"en": "Nothing captured yet: the engine records attention only for steps taken while this "
+                                 "panel is in view (one engine serves the whole room). Press Step",
+                           "ru": "Пока ничего не записано: движок записывает внимание только на шагах, сделанных, "
+                                 "пока эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»"},
+    "attn.bits": {"en": "bits", "ru": "бит"},
+    "attn.x_head": {"en": "Head", "ru": "Голова"},
+    "attn.y_layer": {"en": "Layer", "ru": "Слой"},
+    "attn.lens_title": {"en": "Logit lens · top-1 next token after each layer (written where it changes)",
+                        "ru": "Logit lens · самый вероятный следующий токен после каждого слоя (подписан там, где он "
+                              "меняется)"},
+    "attn.lens_empty": {"en": "Nothing captured yet: the engine records the logit lens only for steps taken while "
+                              "this panel is in view (one engine serves the whole room). Press Step",
+                        "ru": "Пока ничего не записано: движок записывает logit lens только на шагах, сделанных, "
+                              "пока эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»"},
+    "attn.top1": {"en": "top-1 prob", "ru": "вер. top-1"},
+    "attn.position": {"en": "position", "ru": "позиция"},
+    "attn.x_position": {"en": "Position (input token)", "ru": "Позиция (входной токен)"},
+    "attn.y_lens_layer": {"en": "Layer (residual stream after it)", "ru": "Слой (остаточный поток после него)"},
+    "attn.input": {"en": "input", "ru": "вход"},
+    "attn.next": {"en": "actual next", "ru": "настоящий следующий"},
+    "attn.kept_last": {"en": "attention kept for the last {k} of the {total} positions shown",
+                       "ru": "внимание сохранено для последних {k} из {total} показанных позиций"},
+    "attn.kept_some": {"en": "attention kept for {k} of the {total} positions shown",
+                       "ru": "внимание сохранено для {k} из {total} показанных позиций"},
+    "attn.kept_none": {"en": "no attention kept for the {total} positions shown",
+                       "ru": "внимание не сохранено ни для одной из {total} показанных позиций"},
+    "attn.over_budget": {"en": "{n} over the capture budget ({budget} a step)",
+                         "ru": "{n} — сверх бюджета захвата ({budget} на шаг)"},
+    "attn.freed": {"en": "{n} freed later (capture budget)", "ru": "{n} удалены позже (бюджет захвата)"},
+    "attn.not_kept": {"en": "Attention of layer {layer} was not kept for these positions (capture budget)",
+                      "ru": "Внимание слоя {layer} для этих позиций не сохранено (бюджет захвата)"},
+    "attn.not_kept_any": {"en": "Attention was not kept for these positions (capture budget)",
+                          "ru": "Внимание для этих позиций не сохранено (бюджет захвата)"},
+    "attn.entropy_older": {"en": "attention of the {n} newer positions not kept (capture budget)",
+                           "ru": "внимание {n} более новых позиций не сохранено (бюджет захвата)"},
+    "attn.lens_freed": {"en": "logit lens of {n} positions not kept (capture budget)",
+                        "ru": "logit lens для {n} позиций не сохранён (бюджет захвата)"},
+    "attn.bytes": {"en": ("B", "KiB", "MiB", "GiB"), "ru": ("Б", "КиБ", "МиБ", "ГиБ")},
+    # app/charts/calculators.py
+    "calc_chart.kv_title": {"en": "KV cache per token (left axis) and per sequence of {ctx} tokens (right axis)",
+                            "ru": "KV-кэш на токен (левая ось) и на последовательность из {ctx} токенов (правая ось)"},
+    "calc_chart.per_token": {"en": "per token", "ru": "на токен"},
+    "calc_chart.per_seq": {"en": "per sequence ({ctx} tokens)", "ru": "на последовательность ({ctx} ток.)"},
+    "calc_chart.kv_hover": {"en": "<b>{model}</b> · {dtype}<br>{tok} per token<br>{seq} per sequence of {ctx} "
+                                  "tokens<br>{batch} for a batch of {b}",
+                            "ru": "<b>{model}</b> · {dtype}<br>{tok} на токен<br>{seq} на последовательность из "
+                                  "{ctx} токенов<br>{batch} на батч из {b}"},
+    "calc_chart.fit_title": {"en": "{model} in {dtype}, {ctx}-token context: how many sequences fit beside the "
+                                   "weights",
+                             "ru": "{model} в {dtype}, контекст {ctx} ток.: сколько последовательностей помещается "
+                                   "рядом с весами"},
+    "calc_chart.gib": {"en": "memory (GiB)", "ru": "память (ГиБ)"},
+    "calc_chart.weights": {"en": "weights", "ru": "веса"},
+    "calc_chart.reserve": {"en": "reserve ({pct}% for activations, runtime, fragmentation)",
+                           "ru": "резерв ({pct}% на активации, среду выполнения, фрагментацию)"},
+    "calc_chart.kv": {"en": "KV cache of the sequences that fit", "ru": "KV-кэш поместившихся последовательностей"},
+    "calc_chart.unused": {"en": "left over (less than one sequence)",
+                          "ru": "остаток (меньше одной последовательности)"},
+    "calc_chart.capacity": {"en": "capacity", "ru": "объём"},
+    "calc_chart.fit_n": {"en": "{n} seq.", "ru": "{n} посл."},
+    "calc_chart.no_fit": {"en": "weights do not fit", "ru": "веса не помещаются"},
+    "calc_chart.no_kv": {"en": "no room for KV", "ru": "нет места под KV"},
+    "calc_chart.fit_hover": {"en": "<b>{gpu}</b><br>capacity {mem}<br>weights {w}<br>reserve {r}<br>left for KV "
+                                   "{free}<br>KV per sequence {kv}<br><b>{n} sequences</b>",
+                             "ru": "<b>{gpu}</b><br>объём {mem}<br>веса {w}<br>резерв {r}<br>остаётся под KV "
+                                   "{free}<br>KV на последовательность {kv}<br><b>последовательностей: {n}</b>"},
+    "calc_chart.step_title": {"en": "Decode step lower bound: (weights + KV read) / bandwidth, batch {b}, "
+                                    "{ctx}-token context",
+                              "ru": "Нижняя граница шага декодирования: (веса + чтение KV) / пропускная способность, "
+                                    "батч {b}, контекст {ctx} ток."},
+    "calc_chart.ms": {"en": "ms per decode step (log)", "ru": "мс на шаг декодирования (лог.)"},
+    "calc_chart.step_hover": {"en": "<b>{gpu}</b> · {dtype}<br>weights {w} + KV read {kv} = {tot}<br>÷ {bw}/s = "
+                                    "<b>{t}</b><br>≤ {tps} tokens/s per sequence",
+                              "ru": "<b>{gpu}</b> · {dtype}<br>веса {w} + чтение KV {kv} = {tot}<br>÷ {bw}/с = "
+                                    "<b>{t}</b><br>≤ {tps} токенов/с на последовательность"},
+    "calc_chart.no_room": {"en": "does not fit in memory", "ru": "не помещается в памяти"},
+    "calc_chart.roof_title": {"en": "Roofline of {gpu} ({dtype}): where decode and prefill sit",
+                              "ru": "Roofline для {gpu} ({dtype}): где находятся декодирование и префилл"},
+    "calc_chart.x": {"en": "arithmetic intensity (FLOP / byte moved)",
+                     "ru": "арифметическая интенсивность (FLOP / байт)"},
+    "calc_chart.y": {"en": "attainable FLOP/s", "ru": "достижимые FLOP/s"},
+    "calc_chart.roof": {"en": "roof = min(peak, bandwidth × intensity)",
+                        "ru": "крыша = min(пик, пропускная способность × интенсивность)"},
+    "calc_chart.ridge": {"en": "ridge {r} FLOP/B", "ru": "перегиб {r} FLOP/Б"},
+    "calc_chart.decode_b": {"en": "decode, batch {b}", "ru": "декодирование, батч {b}"},
+    "calc_chart.prefill_n": {"en": "prefill, {n}", "ru": "префилл, {n}"},
+    "calc_chart.decode_dtypes": {"en": "decode, batch 1, other dtypes", "ru": "декодирование, батч 1, другие типы"},
+    "calc_chart.pt_hover": {"en": "<b>{name}</b><br>{flops} FLOP over {bytes}<br>intensity {i} FLOP/B<br>attainable "
+                                  "{att}FLOP/s ({bound})",
+                            "ru": "<b>{name}</b><br>{flops} FLOP на {bytes}<br>интенсивность {i} FLOP/Б<br>достижимо "
+                                  "{att}FLOP/s ({bound})"},
+    "calc_chart.mem_bound": {"en": "memory-bound", "ru": "упор в память"},
+    "calc_chart.compute_bound": {"en": "compute-bound", "ru": "упор в вычисления"},
+    "calc_chart.spec_title": {"en": "Speculative decoding, draft cost c = {c}: speedup over α (left) and over α × k "
+                                    "(right)",
+                              "ru": "Спекулятивное декодирование, стоимость черновика c = {c}: ускорение по α "
+                                    "(слева) и по α × k (справа)"},
+    "calc_chart.alpha": {"en": "acceptance rate α", "ru": "доля принятых α"},
+    "calc_chart.speedup": {"en": "speedup E / (1 + k·c)", "ru": "ускорение E / (1 + k·c)"},
+    "calc_chart.k": {"en": "draft length k", "ru": "длина черновика k"},
+    "calc_chart.line_k": {"en": "k = {k}", "ru": "k = {k}"},
+    "calc_chart.e_line": {"en": "E tokens per pass, k = {k}", "ru": "E токенов за проход, k = {k}"},
+    "calc_chart.breakeven": {"en": "no gain (speedup 1)", "ru": "без выигрыша (ускорение 1)"},
+    "calc_chart.spec_hover": {"en": "α = %{x:.2f} · k = {k}<br>speedup %{y:.3f}×<extra></extra>",
+                              "ru": "α = %{x:.2f} · k = {k}<br>ускорение %{y:.3f}×<extra></extra>"},
+    "calc_chart.heat_hover": {"en": "α = %{x:.2f} · k = %{y}<br>speedup %{z:.3f}×<extra></extra>",
+                              "ru": "α = %{x:.2f} · k = %{y}<br>ускорение %{z:.3f}×<extra></extra>"},
+    "calc_chart.chosen": {"en": "α = {a}, k = {k}: E = {e}, speedup {s}×",
+                          "ru": "α = {a}, k = {k}: E = {e}, ускорение {s}×"},
+    "calc_chart.no_data": {"en": "No data for this choice.", "ru": "Для такого выбора данных нет."},
+    # app/charts/detok.py
+    "detok.title": {"en": "Detokenizer: the last {n} tokens of sequence {seq}",
+                    "ru": "Детокенизатор: последние {n} токенов последовательности {seq}"},
+    "detok.empty_title": {"en": "Detokenizer", "ru": "Детокенизатор"},
+    "detok.empty": {"en": "No token sampled for this sequence yet: press Step.",
+                    "ru": "Для этой последовательности токен ещё не выбран: нажмите «Шаг»."},
+    "detok.cols": {"en": ["step", "token id", "token", "bytes (hex)", "emitted text", "held back", "stop string"],
+                   "ru": ["шаг", "id токена", "токен", "байты (hex)", "выданный текст", "придержано", "стоп-строка"]},
+    "detok.matched": {"en": "matched", "ru": "совпала"},
+    # app/charts/embeddings.py
+    "emb.pca_title": {"en": "Input embeddings of the sequence, PCA to 2-D ({n} tokens)",
+                      "ru": "Входные эмбеддинги последовательности, PCA в 2-D (токенов: {n})"},
+    "emb.pca_labels": {"en": "labels: the newest {k} tokens; hover a point for any token",
+                       "ru": "подписано последних токенов: {k}; наведите на точку, чтобы увидеть любой"},
+    "emb.pca_empty": {"en": "Nothing captured yet: the engine records embeddings only for steps taken while this "
+                            "panel is in view (one engine serves the whole room). Press Step",
+                      "ru": "Пока ничего не записано: движок записывает эмбеддинги только на шагах, сделанных, пока "
+                            "эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»"},
+    "emb.pc": {"en": "PC{k} ({pct:.1f}% of variance)", "ru": "ГК{k} ({pct:.1f}% дисперсии)"},
+    "emb.prompt": {"en": "prompt", "ru": "промпт"},
+    "emb.generated": {"en": "generated", "ru": "сгенерировано"},
+    "emb.position": {"en": "position", "ru": "позиция"},
+    "emb.nb_title": {"en": "Nearest tokens to {tok} (cosine of input embeddings)",
+                     "ru": "Ближайшие к {tok} токены (косинус входных эмбеддингов)"},
+    "emb.nb_empty": {"en": "Pick a token to see its nearest neighbours in the embedding table",
+                     "ru": "Выберите токен, чтобы увидеть его ближайших соседей в таблице эмбеддингов"},
+    "emb.cosine": {"en": "Cosine similarity", "ru": "Косинусное сходство"},
+    "emb.token": {"en": "Token", "ru": "Токен"},
+    "emb.freed": {"en": "embeddings of {n} positions not kept (capture budget)",
+                  "ru": "эмбеддинги {n} позиций не сохранены (бюджет захвата)"},
+    # app/charts/kv_cache.py
+    "kv.pool": {"en": "KV block pool", "ru": "Пул блоков KV"},
+    "kv.pool_title": {"en": "KV block pool: {used} used · {cached} cached · {free} free of {n} blocks × {bs} tokens",
+                      "ru": "Пул блоков KV: {used} занято · {cached} в кэше · {free} свободно из {n} блоков × {bs} "
+                            "токенов"},
+    "kv.no_event": {"en": "Step the engine to see the KV block pool.",
+                    "ru": "Сделайте шаг, чтобы увидеть пул блоков KV."},
+    "kv.state": {"en": {"used": "used", "cached": "cached", "free": "free"},
+                 "ru": {"used": "занят", "cached": "в кэше", "free": "свободен"}},
+    "kv.legend_cached": {"en": "cached (free, prefix kept)", "ru": "в кэше (свободен, префикс сохранён)"},
+    "kv.seq": {"en": "seq", "ru": "посл."},
+    "kv.block": {"en": "block", "ru": "блок"},
+    "kv.refcount": {"en": "refcount", "ru": "ссылок"},
+    "kv.owners": {"en": "owners", "ru": "владельцы"},
+    "kv.hashed": {"en": "hashed (full, reusable prefix)", "ru": "хеширован (полный, переиспользуемый префикс)"},
+    "kv.yes": {"en": "yes", "ru": "да"},
+    "kv.no": {"en": "no", "ru": "нет"},
+    "kv.col": {"en": "block id mod 32", "ru": "номер блока mod 32"},
+    "kv.row": {"en": "blocks", "ru": "блоки"},
+    "kv.tables": {"en": "Block tables", "ru": "Таблицы блоков"},
+    "kv.tables_title": {"en": "Block tables: logical block → physical block",
+                        "ru": "Таблицы блоков: логический блок → физический блок"},
+    "kv.no_tables": {"en": "No sequence holds KV blocks right now.",
+                     "ru": "Сейчас ни одна последовательность не держит блоков KV."},
+    "kv.logical": {"en": "logical block", "ru": "логический блок"},
+    "kv.logical_axis": {"en": "logical block i (holds tokens i·{bs} … i·{bs}+{last})",
+                        "ru": "логический блок i (токены i·{bs} … i·{bs}+{last})"},
+    "kv.tokens": {"en": "tokens", "ru": "токены"},
+    "kv.shared_by": {"en": "shared by seqs", "ru": "общий для посл."},
+    "kv.memory": {"en": "KV memory", "ru": "Память KV"},
+    "kv.memory_title": {"en": "KV memory: paged pool vs a naive contiguous allocator",
+                        "ru": "Память KV: страничный пул против наивного непрерывного выделения"},
+    "kv.rows": {"en": ["paged pool", "paged: used blocks", "naive contiguous"],
+                "ru": ["страничный пул", "страничный: занятые блоки", "наивный непрерывный"]},
+    "kv.used": {"en": "used blocks", "ru": "занятые блоки"},
+    "kv.cached": {"en": "cached (reusable prefix)", "ru": "в кэше (префиксы)"},
+    "kv.free_": {"en": "free", "ru": "свободно"},
+    "kv.stored": {"en": "tokens stored (paged: shared prefixes once)",
+                  "ru": "хранимые токены (страничный: общий префикс один раз)"},
+    "kv.paged_waste": {"en": "paged: unused slots in last blocks", "ru": "страничный: пустые слоты последних блоков"},
+    "kv.naive_waste": {"en": "naive: reserved for max_tokens, unused",
+                       "ru": "наивный: зарезервировано под max_tokens, не занято"},
+    "kv.pool_size": {"en": "pool size", "ru": "размер пула"},
+    "kv.bytes": {"en": "bytes", "ru": "байты"},
+    # app/charts/logits.py
+    "logits.title": {"en": "Next token: raw logits and probabilities",
+                     "ru": "Следующий токен: сырые логиты и вероятности"},
+    "logits.empty": {"en": "Step the engine to see the next-token logits",
+                     "ru": "Сделайте шаг движка, чтобы увидеть логиты следующего токена"},
+    "logits.stats": {"en": "entropy {nats:.2f} nats = {bits:.2f} bits",
+                     "ru": "энтропия {nats:.2f} нат = {bits:.2f} бит"},
+    "logits.chosen": {"en": "chosen {tok}: rank {rank}, p = {p:.3f}", "ru": "выбран {tok}: ранг {rank}, p = {p:.3f}"},
+    "logits.forced": {"en": " (forced)", "ru": " (принудительно)"},
+    "logits.logit": {"en": "Logit (raw)", "ru": "Логит (сырой)"},
+    "logits.prob": {"en": "Probability", "ru": "Вероятность"},
+    "logits.softmax": {"en": "softmax(logits)", "ru": "softmax(логиты)"},
+    "logits.final": {"en": "after sampling chain", "ru": "после цепочки сэмплинга"},
+    "logits.token": {"en": "token", "ru": "токен"},
+    "logits.ppl_title": {"en": "Log-probability of each generated token · perplexity {ppl:.2f} over {n}",
+                         "ru": "Лог-вероятности токенов ответа · перплексия {ppl:.2f} по {n}"},
+    "logits.ppl_name": {"en": "Log-probability and perplexity", "ru": "Лог-вероятности и перплексия"},
+    "logits.ppl_empty": {"en": "Generate a few tokens to see their log-probabilities and perplexity",
+                         "ru": "Сгенерируйте несколько токенов, чтобы увидеть их лог-вероятности и перплексию"},
+    "logits.logprob": {"en": "log p(token)", "ru": "log p(токен)"},
+    "logits.expected": {"en": "expected log p (−entropy)", "ru": "ожидаемый log p (−энтропия)"},
+    "logits.running": {"en": "running perplexity", "ru": "накопленная перплексия"},
+    "logits.x": {"en": "Generated token", "ru": "Сгенерированный токен"},
+    "logits.y": {"en": "nats", "ru": "наты"},
+    "logits.y2": {"en": "Perplexity", "ru": "Перплексия"},
+    "logits.entropy": {"en": "entropy", "ru": "энтропия"},
+    # app/charts/sampling.py
+    "sampling.chain": {"en": "Sampling chain", "ru": "Цепочка сэмплирования"},
+    "sampling.chain_title": {"en": "Sampling chain → {tok} (p = {p:.3f}, raw rank {rank})",
+                             "ru": "Цепочка сэмплирования → {tok} (p = {p:.3f}, ранг по логитам {rank})"},
+    "sampling.what_if": {"en": "what-if (not applied until the next step)",
+                         "ru": "что-если (применится только со следующего шага)"},
+    "sampling.what_if_badge": {"en": "WHAT-IF", "ru": "ЧТО-ЕСЛИ"},
+    "sampling.no_trace": {"en": "Step the engine: the sampling chain appears once a token is sampled.",
+                          "ru": "Сделайте шаг: цепочка появится, когда будет выбран токен."},
+    "sampling.off": {"en": "off", "ru": "выкл."},
+    "sampling.kept": {"en": "kept", "ru": "оставлен"},
+    "sampling.removed": {"en": "removed", "ru": "отсечён"},
+    "sampling.prob": {"en": "probability", "ru": "вероятность"},
+    "sampling.removed_mass": {"en": "removed", "ru": "отсечено"},
+    "sampling.cdf": {"en": "Inverse-CDF draw", "ru": "Выбор по обратной CDF"},
+    "sampling.cdf_title": {"en": "Inverse-CDF draw: u = {u:.4f} → {tok} (p = {p:.3f})",
+                           "ru": "Выбор по обратной CDF: u = {u:.4f} → {tok} (p = {p:.3f})"},
+    "sampling.greedy": {"en": "temperature 0: argmax, no draw", "ru": "температура 0: argmax, без розыгрыша"},
+    "sampling.greedy_title": {"en": "Greedy: {tok} (temperature 0: argmax, no draw)",
+                              "ru": "Жадно: {tok} (температура 0: argmax, без розыгрыша)"},
+    "sampling.cum": {"en": "cumulative probability", "ru": "накопленная вероятность"},
+    "sampling.draw_order": {"en": "surviving tokens in draw order (most probable first)",
+                            "ru": "оставшиеся токены в порядке розыгрыша (самые вероятные первыми)"},
+    "sampling.tail": {"en": "{m:.1%} of the mass lies in untracked tokens",
+                      "ru": "{m:.1%} массы приходится на неотслеживаемые токены"},
+    "sampling.chosen": {"en": "chosen", "ru": "выбран"},
+    "sampling.stage": {"en": "stage", "ru": "этап"},
+    "sampling.tokens_axis": {"en": "tracked tokens (top by logit + the chosen one)",
+                             "ru": "отслеживаемые токены (лучшие по логиту + выбранный)"},
+    "sampling.stage_hover": {"en": "{name}: {kept:,} of {vocab:,} tokens kept; {removed:.1%} of the probability mass "
+                                   "removed",
+                             "ru": "{name}: осталось {kept:,} из {vocab:,} токенов; убрано {removed:.1%} "
+                                   "вероятностной массы"},
+    # app/charts/speculative.py
+    "spec.rounds": {"en": "Speculative rounds", "ru": "Раунды спекулятивного декодирования"},
+    "spec.rounds_title": {"en": "Speculative rounds: {n} rounds, {acc}/{drafted} drafts accepted, {tok} tokens",
+                          "ru": "Раунды: {n}, принято черновиков {acc}/{drafted}, токенов {tok}"},
+    "spec.no_rounds": {"en": "Start a request with speculative decoding and step the engine to see its rounds.",
+                       "ru": "Запустите запрос со спекулятивным декодированием и сделайте шаг, чтобы увидеть раунды."},
+    "spec.round": {"en": "round (decode step)", "ru": "раунд (шаг декодирования)"},
+    "spec.slot": {"en": "position in the round", "ru": "позиция в раунде"},
+    "spec.kinds": {"en": {"accepted": "draft accepted",
+                          "rejected": "draft rejected",
+                          "unchecked": "draft not checked",
+                          "bonus": "bonus token (all accepted, drawn from p)",
+                          "resampled": "resampled from norm(max(p − q, 0))",
+                          "sampled": "no drafts: sampled as usual",
+                          "forced": "forced token"},
+                   "ru": {"accepted": "черновик принят",
+                          "rejected": "черновик отклонён",
+                          "unchecked": "черновик не проверялся",
+                          "bonus": "бонусный токен (все приняты, из p)",
+                          "resampled": "перевыбран из norm(max(p − q, 0))",
+                          "sampled": "без черновиков: обычный выбор",
+                          "forced": "навязанный токен"}},
+    "spec.step": {"en": "step", "ru": "шаг"},
+    "spec.token": {"en": "token", "ru": "токен"},
+    "spec.dropped": {"en": "dropped (stop/EOS/max_tokens cut the round)",
+                     "ru": "отброшен (стоп/EOS/max_tokens оборвали раунд)"},
+    "spec.pq": {"en": "p vs q", "ru": "p и q"},
+    "spec.pq_title": {"en": "Round at step {step}: target p vs draft q at each drafted position",
+                      "ru": "Раунд на шаге {step}: p целевой модели и q черновика по позициям"},
+    "spec.pq_title_nostep": {"en": "Target p vs draft q at each drafted position",
+                             "ru": "p целевой модели и q черновика по позициям"},
+    "spec.no_pq": {"en": "No drafts verified in this round (no n-gram match, or the last token of max_tokens).",
+                   "ru": "В этом раунде нечего проверять (нет совпадения n-граммы или это последний токен "
+                         "max_tokens)."},
+    "spec.no_dists": {"en": "Probabilities per position are recorded in traced steps (Step button), not in Run.",
+                      "ru": "Вероятности по позициям записываются в трассируемых шагах (кнопка «Шаг»), не в "
+                            "«Запуске»."},
+    "spec.pos": {"en": "pos {i}", "ru": "поз. {i}"},
+    "spec.draft": {"en": "draft", "ru": "черновик"},
+    "spec.bonus_pos": {"en": "bonus", "ru": "бонус"},
+    "spec.p": {"en": "p (target)", "ru": "p (целевая)"},
+    "spec.q": {"en": "q (draft)", "ru": "q (черновик)"},
+    "spec.residual": {"en": "residual norm(max(p − q, 0))", "ru": "остаток norm(max(p − q, 0))"},
+    "spec.verdict": {"en": {"accepted": "accepted", "rejected": "rejected", "unchecked": "not checked"},
+                     "ru": {"accepted": "принят", "rejected": "отклонён", "unchecked": "не проверялся"}},
+    "spec.prob": {"en": "probability", "ru": "вероятность"},
+    "spec.alpha": {"en": "Acceptance by draft position", "ru": "Принятие по позициям"},
+    "spec.alpha_title": {"en": "Acceptance rate α by draft position (overall α = {a:.2f})",
+                         "ru": "Доля принятых α по позиции черновика (общая α = {a:.2f})"},
+    "spec.no_alpha": {"en": "No drafts have been verified yet.", "ru": "Черновики ещё не проверялись."},
+    "spec.position": {"en": "draft position", "ru": "позиция черновика"},
+    "spec.rate": {"en": "α = accepted / checked", "ru": "α = принято / проверено"},
+    "spec.overall": {"en": "overall α", "ru": "общая α"},
+    "spec.acc_hover": {"en": "accepted {a} / checked {r} (drafted {p})",
+                       "ru": "принято {a} / проверено {r} (предложено {p})"},
+    "spec.pass_hover": {"en": "{t:.2f} tokens / pass", "ru": "{t:.2f} токенов за проход"},
+    "spec.pass_counts": {"en": "rounds {n} · accepted {a} / checked {r}",
+                         "ru": "раундов {n} · принято {a} / проверено {r}"},
+    "spec.speed_hover": {"en": "{n} tokens in {s} s of decoding<br>{v} tok/s",
+                         "ru": "{n} токенов за {s} с декодирования<br>{v} ток/с"},
+    "spec.pass": {"en": "Tokens per target pass", "ru": "Токенов за проход целевой модели"},
+    "spec.pass_title": {"en": "Tokens per target pass: measured {m:.2f}, formula {f:.2f} (α = {a:.2f}, mean k = "
+                              "{k:.1f})",
+                        "ru": "Токенов за проход: измерено {m:.2f}, по формуле {f:.2f} (α = {a:.2f}, средний k = "
+                              "{k:.1f})"},
+    "spec.no_pass": {"en": "No speculative rounds yet.", "ru": "Спекулятивных раундов ещё не было."},
+    "spec.formula": {"en": "(1 − α^(k+1)) / (1 − α), k = {k}", "ru": "(1 − α^(k+1)) / (1 − α), k = {k}"},
+    "spec.measured": {"en": "measured (tokens per round)", "ru": "измерено (токенов за раунд)"},
+    "spec.expected": {"en": "formula at the measured α and each round's k",
+                      "ru": "формула при измеренной α и k каждого раунда"},
+    "spec.alpha_axis": {"en": "acceptance rate α", "ru": "доля принятых α"},
+    "spec.tokens_axis": {"en": "tokens per target pass", "ru": "токенов за проход"},
+    "spec.speedup": {"en": "Speed-up over plain decoding", "ru": "Ускорение относительно обычного декодирования"},
+    "spec.speedup_title": {"en": "{method}, k = {k}: {s:.2f}× plain decoding ({same})",
+                           "ru": "{method}, k = {k}: {s:.2f}× от обычного декодирования ({same})"},
+    "spec.same": {"en": "same tokens", "ru": "те же токены"},
+    "spec.different": {"en": "different tokens (sampling)", "ru": "другие токены (сэмплирование)"},
+    "spec.no_speedup": {"en": "Run the comparison to measure the speed-up.",
+                        "ru": "Запустите сравнение, чтобы измерить ускорение."},
+    "spec.plain": {"en": "plain decoding", "ru": "обычное декодирование"},
+    "spec.speculative": {"en": "speculative ({method})", "ru": "спекулятивное ({method})"},
+    "spec.tok_s": {"en": "decode tok/s", "ru": "ток/с при декодировании"},
+    "spec.table": {"en": "Speculative vs plain decoding", "ru": "Спекулятивное и обычное декодирование"},
+    "spec.cols": {"en": ["prompt", "drafter", "k", "plain tok/s", "spec tok/s", "speed-up", "α", "tokens / pass",
+                         "formula", "same ids"],
+                  "ru": ["запрос", "черновик", "k", "обычн. ток/с", "спек. ток/с", "ускорение", "α",
+                         "токенов / проход", "формула", "те же id"]},
+    # app/charts/timeline.py
+    "timeline.timeline": {"en": "Step timeline", "ru": "Шкала шагов"},
+    "timeline.timeline_title": {"en": "Step timeline: duration of each engine step",
+                                "ru": "Шкала шагов: длительность каждого шага движка"},
+    "timeline.no_steps": {"en": "Step the engine to see the timeline.", "ru": "Сделайте шаг, чтобы увидеть шкалу."},
+    "timeline.step": {"en": "step", "ru": "шаг"},
+    "timeline.ms": {"en": "step time (ms)", "ru": "время шага (мс)"},
+    "timeline.kinds": {"en": {"prefill": "prefill",
+                              "decode": "decode",
+                              "mixed": "mixed (prefill + decode)",
+                              "idle": "idle"},
+                       "ru": {"prefill": "префилл",
+                              "decode": "декодирование",
+                              "mixed": "смешанный (префилл + декод)",
+                              "idle": "простой"}},
+    "timeline.tok": {"en": "tok", "ru": "ток."},
+    "timeline.seq": {"en": "seq", "ru": "посл."},
+    "timeline.forward": {"en": "forward", "ru": "прямой проход"},
+    "timeline.sample": {"en": "sample", "ru": "сэмплирование"},
+    "timeline.schedule": {"en": "schedule", "ru": "планирование"},
+    "timeline.preempted": {"en": "preempted", "ru": "вытеснены"},
+    "timeline.admitted": {"en": "admitted", "ru": "приняты"},
+    "timeline.finished": {"en": "finished", "ru": "завершены"},
+    "timeline.latency": {"en": "Latency per sequence", "ru": "Задержки по последовательностям"},
+    "timeline.latency_title": {"en": "Latency per sequence (engine time: sum of step durations, idle time excluded)",
+                               "ru": "Задержки (время движка: сумма длительностей шагов, простой не учитывается)"},
+    "timeline.cols": {"en": ["seq", "TTFT (ms)", "mean TPOT / ITL (ms)", "tokens generated", "tok/s (1 / mean ITL)",
+                             "status"],
+                      "ru": ["посл.", "TTFT (мс)", "средний TPOT / ITL (мс)", "сгенерировано токенов",
+                             "ток/с (1 / ITL)", "статус"]},
+    "timeline.running": {"en": "running", "ru": "идёт"},
+    "timeline.roofline": {"en": "Roofline", "ru": "Roofline"},
+    "timeline.roofline_title": {"en": "Roofline of this machine<br><span style='font-size:11px;color:#555'>each "
+                                      "step's arithmetic intensity vs achieved FLOP/s</span>",
+                                "ru": "Roofline этой машины<br><span "
+                                      "style='font-size:11px;color:#555'>арифметическая интенсивность шага и "
+                                      "достигнутые FLOP/s</span>"},
+    "timeline.no_roof": {"en": "No forward pass measured yet: step the engine.",
+                         "ru": "Прямых проходов ещё не было: сделайте шаг."},
+    "timeline.bad_machine": {"en": "The machine's bandwidth and peak FLOP/s are not known yet.",
+                             "ru": "Пропускная способность памяти и пиковые FLOP/s машины ещё не измерены."},
+    "timeline.x": {"en": "arithmetic intensity (FLOP / byte moved)",
+                   "ru": "арифметическая интенсивность (FLOP / байт)"},
+    "timeline.y": {"en": "achieved FLOP/s (forward pass)", "ru": "достигнутые FLOP/s (прямой проход)"},
+    "timeline.roof": {"en": "roof = min(peak, bandwidth × intensity)",
+                      "ru": "крыша = min(пик, пропускная способность × интенсивность)"},
+    "timeline.ridge": {"en": "ridge {r:.1f} FLOP/B", "ru": "перегиб {r:.1f} FLOP/Б"},
+    "timeline.mem_bound": {"en": "memory-bound: {bw}/s", "ru": "упор в память: {bw}/с"},
+    "timeline.compute_bound": {"en": "compute peak: {pf}", "ru": "пик вычислений: {pf}"},
+    "timeline.of_roof": {"en": "of the roof", "ru": "от крыши"},
+    # app/charts/tokens.py
+    "bytes_chart.title": {"en": "Bytes per token · mean {mean:.2f}", "ru": "Байт на токен · в среднем {mean:.2f}"},
+    "bytes_chart.empty_title": {"en": "Bytes per token", "ru": "Байт на токен"},
+    "bytes_chart.empty": {"en": "Enter a prompt to see how many bytes each token covers",
+                          "ru": "Введите промпт, чтобы увидеть, сколько байт покрывает каждый токен"},
+    "bytes_chart.prompt": {"en": "prompt", "ru": "промпт"},
+    "bytes_chart.special": {"en": "special", "ru": "служебный"},
+    "bytes_chart.generated": {"en": "generated", "ru": "сгенерировано"},
+    "bytes_chart.x": {"en": "Token position", "ru": "Позиция токена"},
+    "bytes_chart.y": {"en": "UTF-8 bytes", "ru": "Байт UTF-8"},
+    "bytes_chart.bytes": {"en": "bytes", "ru": "байт"},
+    "bytes_chart.mean": {"en": "mean", "ru": "среднее"},
+    # app/panels/kv.py
+    "kv_panel.empty": {"en": "Step the engine to fill in the KV-cache formula.",
+                       "ru": "Сделайте шаг, чтобы заполнить формулу KV-кэша."},
+    "kv_panel.layers": {"en": "layers", "ru": "слоёв"},
+    "kv_panel.kv_heads": {"en": "KV heads", "ru": "KV-голов"},
+    "kv_panel.head_dim": {"en": "head dim", "ru": "размер головы"},
+    "kv_panel.per_token": {"en": "per token", "ru": "на токен"},
+    "kv_panel.block": {"en": "block of {bs} tokens", "ru": "блок из {bs} токенов"},
+    "kv_panel.pool": {"en": "pool = {n} blocks", "ru": "пул = {n} блоков"},
+    "kv_panel.hit_rate": {"en": "prefix-cache hit rate", "ru": "доля попаданий в префиксный кэш"},
+    "kv_panel.hit_detail": {"en": "{hit} of {q} prompt tokens found cached",
+                            "ru": "{hit} из {q} токенов запроса уже были в кэше"},
+    "kv_panel.saved": {"en": "prefill tokens saved", "ru": "сэкономлено токенов префилла"},
+    "kv_panel.evictions": {"en": "evictions (cached blocks reused for new data)",
+                           "ru": "вытеснения (блоки кэша отданы под новые данные)"},
+    "kv_panel.preemptions": {"en": "preemptions (sequences sent back to wait, KV freed)",
+                             "ru": "вытеснения последовательностей (отправлены ждать, KV освобождён)"},
+    "kv_panel.cow": {"en": "copy-on-write block copies", "ru": "копирования при записи (COW)"},
+    "kv_panel.shared": {"en": "blocks shared right now", "ru": "общих блоков сейчас"},
+    "kv_panel.note": {"en": "K and V (×2) for every layer and KV head",
+                      "ru": "K и V (×2) для каждого слоя и KV-головы"},
+    # app/panels/pipeline.py
+    "pipeline.names": {"en": {"template": "Chat template",
+                              "tokens": "Tokens",
+                              "embeddings": "Embeddings",
+                              "layers": "Transformer layers",
+                              "logits": "Logits",
+                              "sampling": "Sampling",
+                              "detokenizer": "Detokenizer",
+                              "stream": "Stream"},
+                       "ru": {"template": "Шаблон чата",
+                              "tokens": "Токены",
+                              "embeddings": "Эмбеддинги",
+                              "layers": "Слои трансформера",
+                              "logits": "Логиты",
+                              "sampling": "Сэмплирование",
+                              "detokenizer": "Детокенизатор",
+                              "stream": "Поток"}},
+    "pipeline.none": {"en": "no step yet: enter a prompt and press Step",
+                      "ru": "шагов ещё не было: введите запрос и нажмите «Шаг»"},
+    "pipeline.step": {"en": "step", "ru": "шаг"},
+    "pipeline.idle": {"en": "idle (nothing scheduled)", "ru": "простой (нечего планировать)"},
+    "pipeline.prefill": {"en": "prefill {n} tok", "ru": "префилл {n} ток."},
+    "pipeline.decode": {"en": "decode {n} seqs", "ru": "декод {n} посл."},
+    "pipeline.decode1": {"en": "decode 1 seq", "ru": "декод 1 посл."},
+    "pipeline.preempted": {"en": "preempted {ids}", "ru": "вытеснены {ids}"},
+    "pipeline.finished": {"en": "finished {ids}", "ru": "завершены {ids}"},
+    # app/panels/stream.py
+    "stream.empty": {"en": "Nothing streamed yet for sequence {seq}.",
+                     "ru": "Последовательность {seq} ещё ничего не выдала."},
+    "stream.held": {"en": "held back by the detokenizer: a possible stop-string prefix or an incomplete UTF-8 "
+                          "character",
+                    "ru": "придержано детокенизатором: возможное начало стоп-строки или неполный символ UTF-8"},
+    "stream.finish": {"en": {"eos": "eos", "stop": "stop", "length": "length", "abort": "abort"},
+                      "ru": {"eos": "eos", "stop": "стоп", "length": "длина", "abort": "прервано"}},
+    "stream.finish_title": {"en": "finished: {r}", "ru": "завершено: {r}"},
+    # app/panels/tokens.py
+    "tokens.template_empty": {"en": "Enter a prompt to see the text the model reads",
+                              "ru": "Введите промпт, чтобы увидеть текст, который читает модель"},
+    "tokens.special": {"en": "special token", "ru": "служебный токен"},
+    "tokens.special_tokens": {"en": "special token · token {a}", "ru": "служебный токен · токен {a}"},
+    "tokens.implicit": {"en": "special token the tokenizer adds without text",
+                        "ru": "служебный токен, который токенизатор добавляет без текста"},
+    "tokens.chips_empty": {"en": "No tokens yet", "ru": "Токенов пока нет"},
+    "tokens.counts": {"en": "{chars} characters · {nbytes} UTF-8 bytes · {tokens} tokens ({prompt} prompt + {gen} "
+                            "generated) · {bpt:.2f} bytes per token",
+                      "ru": "{chars} символов · {nbytes} байт UTF-8 · {tokens} токенов ({prompt} промпт + {gen} "
+                            "сгенерировано) · {bpt:.2f} байт на токен"},
+    "tokens.pos": {"en": "pos", "ru": "поз."},
+    "tokens.bytes": {"en": "bytes", "ru": "байты"},
+    "tokens.piece": {"en": "piece", "ru": "запись в словаре"},
+    "tokens.flag_special": {"en": "special", "ru": "служебный"},
+    "tokens.flag_fallback": {"en": "byte fallback", "ru": "байтовый запасной токен"},
+    "tokens.flag_partial": {"en": "partial UTF-8 (an incomplete character)", "ru": "неполный UTF-8 (часть символа)"},
+    "tokens.flag_generated": {"en": "generated", "ru": "сгенерирован"},
+    "tokens.bpe_empty": {"en": "Type a word to see how BPE merges its bytes into tokens",
+                         "ru": "Введите слово, чтобы увидеть, как BPE склеивает его байты в токены"},
+    "tokens.step": {"en": "Step", "ru": "Шаг"},
+    "tokens.merge": {"en": "Merge", "ru": "Слияние"},
+    "tokens.symbols": {"en": "Symbols", "ru": "Символы"},
+    "tokens.initial": {"en": "initial symbols", "ru": "исходные символы"},
+    "tokens.whole": {"en": "whole pre-token taken from the vocabulary",
+                     "ru": "весь претокен взят из словаря целиком"},
+    "tokens.rank": {"en": "rank", "ru": "ранг"},
+    "tokens.id": {"en": "id", "ru": "id"},
+    "tokens.not_in_vocab": {"en": "not in vocabulary", "ru": "нет в словаре"},
 }
 
-PANELS = [
-    ("template", {"en": "1 · Chat template & tokens", "ru": "1 · Шаблон чата и токены"},
-     {"en": "The model never sees your text as typed: the chat template wraps it in role markers (special "
-            "tokens, highlighted), and byte-level BPE cuts the result into tokens. Hover a chip for its id and "
-            "UTF-8 bytes; Cyrillic letters take two bytes each, so Russian text needs more tokens than English.",
-      "ru": "Модель не видит текст в том виде, как вы его набрали: шаблон чата оборачивает его служебными "
-            "токенами ролей (подсвечены), а байтовый BPE режет результат на токены. Наведите на фишку — увидите "
-            "id и байты UTF-8; кириллическая буква занимает два байта, поэтому русскому тексту нужно больше токенов."}),
-    ("embeddings", {"en": "2 · Embeddings", "ru": "2 · Эмбеддинги"},
-     {"en": "Each token id selects one row of the embedding matrix: a vector of the model's hidden size. The "
-            "scatter projects this sequence's vectors to 2-D with PCA; the bars list the vocabulary entries whose "
-            "vectors point the same way (cosine similarity) as the chosen token's.",
-      "ru": "Каждый id токена выбирает строку матрицы эмбеддингов — вектор размерности скрытого слоя. Точки — "
-            "проекция векторов этой последовательности на плоскость (PCA); столбцы — токены словаря, чьи векторы "
-            "ближе всего по косинусу к выбранному."}),
-    ("layers", {"en": "3 · Layers & attention", "ru": "3 · Слои и внимание"},
-     {"en": "In every layer each head decides how much each earlier token matters for the current one. During "
-            "prefill the whole triangle is computed at once; each decode step adds one row, reading the older keys "
-            "and values from the KV cache. The logit lens applies the final norm and the output head to every "
-            "layer's residual stream: watch the answer form as depth grows (a token is written where it differs from "
-            "the layer below; hover a cell for the top 5).",
-      "ru": "В каждом слое каждая голова решает, насколько каждый предыдущий токен важен для текущего. На "
-            "префилле весь треугольник считается сразу; каждый шаг декодирования добавляет одну строку, читая "
-            "старые ключи и значения из KV-кэша. «Логит-линза» применяет финальную нормализацию и выходную голову "
-            "к остаточному потоку каждого слоя — видно, как ответ складывается с глубиной (токен подписан там, где он "
-            "отличается от слоя ниже; наведите на клетку, чтобы увидеть топ-5)."}),
-    ("logits", {"en": "4 · Logits → softmax", "ru": "4 · Логиты → softmax"},
-     {"en": "The last layer's vector for the newest position is multiplied by the output matrix: one score "
-            "(logit) per vocabulary entry. Softmax turns scores into probabilities. Entropy says how unsure the "
-            "model is; perplexity summarises how surprising the kept tokens were.",
-      "ru": "Вектор последнего слоя для новой позиции умножается на выходную матрицу — по одной оценке (логиту) "
-            "на каждый токен словаря. Softmax превращает оценки в вероятности. Энтропия показывает неуверенность "
-            "модели, перплексия — насколько неожиданными были выбранные токены."}),
-    ("sampling", {"en": "5 · The sampling chain", "ru": "5 · Цепочка сэмплирования"},
-     {"en": "Penalties, temperature, min-p, top-k and top-p run in this order, each cutting or reshaping the "
-            "distribution (grey bars were removed; the rest is renormalised). Then a uniform random number u is "
-            "drawn and the token where the cumulative distribution first exceeds u is chosen. Move a slider: the "
-            "chain is recomputed from this step's logits with the same u, without rerunning the model.",
-      "ru": "Штрафы, температура, min-p, top-k и top-p применяются именно в таком порядке, каждый срезает или "
-            "перекраивает распределение (серые столбцы отброшены, остальное перенормировано). Затем берётся "
-            "случайное u, и выбирается токен, на котором накопленная вероятность впервые превышает u. Подвигайте "
-            "ползунок — цепочка пересчитается по логитам этого шага с тем же u, без повторного прогона модели."}),
-    ("detok", {"en": "6 · Detokenizer & stream", "ru": "6 · Детокенизатор и поток"},
-     {"en": "Tokens are bytes, and one character can be split across tokens: the detokenizer holds back an "
-            "incomplete UTF-8 character instead of printing '�', and holds back text that might be the start of a "
-            "stop string. Held-back parts are shown in orange.",
-      "ru": "Токены — это байты, и один символ может оказаться разрезан между токенами: детокенизатор "
-            "придерживает неполный символ UTF-8 вместо вывода '�' и придерживает текст, который может оказаться "
-            "началом стоп-строки. Придержанное показано оранжевым."}),
-    ("kv", {"en": "7 · Paged KV cache", "ru": "7 · Страничный KV-кэш"},
-     {"en": "Keys and values of past tokens live in fixed-size blocks. Each sequence has a block table mapping "
-            "its logical blocks to physical ones; sequences with a common prefix share blocks (refcount > 1), and "
-            "finished blocks stay cached for reuse until evicted. A naive allocator would reserve the whole "
-            "maximum length per sequence up front.",
-      "ru": "Ключи и значения прошлых токенов хранятся в блоках фиксированного размера. У каждой "
-            "последовательности есть таблица блоков — отображение логических блоков в физические; "
-            "последовательности с общим префиксом делят блоки (refcount > 1), а освободившиеся блоки остаются в "
-            "кэше до вытеснения. Наивный аллокатор сразу зарезервировал бы максимальную длину."}),
-    ("timeline", {"en": "8 · Timeline & roofline", "ru": "8 · Хронология и roofline"},
-     {"en": "Prefill processes many tokens in one pass and is limited by arithmetic; decode produces one token "
-            "per sequence per pass and is limited by how fast the weights stream from memory. The roofline uses "
-            "this machine's measured bandwidth and matmul speed; each step is a point. Times are engine time.",
-      "ru": "Префилл обрабатывает много токенов за проход и упирается в вычисления; декодирование даёт один "
-            "токен на последовательность за проход и упирается в скорость чтения весов из памяти. Roofline "
-            "построен по измеренной пропускной способности и скорости умножения матриц этой машины; каждый шаг — "
-            "точка. Время — время работы движка."}),
-    ("speculative", {"en": "9 · Speculative decoding", "ru": "9 · Спекулятивное декодирование"},
-     {"en": "A cheap drafter guesses k tokens; the model checks all of them in ONE forward pass. Each draft x is "
-            "kept when a uniform u ≤ p(x)/q(x) (p: the model, q: the drafter); at the first rejection a token is "
-            "drawn from the leftover max(p − q, 0), and if all pass the model adds a bonus token. The output has "
-            "exactly the model's distribution, yet one pass can yield up to k+1 tokens; rejected drafts' KV "
-            "slots are rolled back.",
-      "ru": "Дешёвый черновик угадывает k токенов; модель проверяет их все за ОДИН проход. Токен x черновика "
-            "принимается, если равномерное u ≤ p(x)/q(x) (p — модель, q — черновик); при первом отказе токен "
-            "берётся из остатка max(p − q, 0), а если приняты все — модель добавляет бонусный токен. Выход имеет "
-            "в точности распределение модели, но один проход даёт до k+1 токенов; KV-слоты отвергнутых токенов "
-            "откатываются."}),
-    ("room", {"en": "10 · The room: one engine for everyone", "ru": "10 · Комната: один движок на всех"},
-     {"en": "Every tab in this room talks to ONE engine. Each step batches the sequences of every tab that is "
-            "running into a single forward pass, so when everyone presses Run at once the batches grow and the "
-            "room's tokens per second rise while each tab's own speed stays about the same. Sequences not in a "
-            "step are held: they keep their KV blocks and continue where they stopped. Tabs that share a prompt "
-            "prefix (the same system prompt) share its KV blocks; when the pool is full the engine preempts a "
-            "sequence and recomputes it later.",
-      "ru": "Все вкладки этой комнаты работают с ОДНИМ движком. Каждый шаг собирает последовательности всех "
-            "запущенных вкладок в один прямой проход: когда все разом нажимают «Запуск», батчи растут, и "
-            "токенов в секунду у комнаты становится больше, а скорость каждой вкладки почти не меняется. "
-            "Последовательности вне шага отложены: их блоки KV сохраняются, и они продолжают с того же места. "
-            "Вкладки с общим началом запроса (одинаковый системный промпт) делят его блоки KV; когда пул "
-            "заполнен, движок вытесняет последовательность и позже пересчитывает её."}),
-]
+# the stage panels in page order (their title and explanation: "panel.<key>.title", "panel.<key>.text")
+PANEL_KEYS = ("template", "embeddings", "layers", "logits", "sampling", "detok", "kv", "timeline", "speculative",
+              "room")
 
 
-def t(key: str, lang: str) -> str:
-    entry = UI.get(key)
-    if entry is None:
-        return key
-    return entry["ru"] if lang == "ru" else entry["en"]  # anything but "ru" (even junk a client sent) is English
+def lang_of(value) -> str:
+    """The language a client asked for: "ru", or English for anything else (even junk a client sent)."""
+    return "ru" if value == "ru" else "en"
+
+
+def t(key: str, lang: str):
+    """The text of `key` in `lang`; a key missing from the table is a bug (KeyError), never a blank on the page."""
+    return UI[key][lang_of(lang)]
+
+
+def texts(section: str, lang: str):
+    """A section's texts in one language, keyed without the section's prefix: texts("kv", "ru")["pool"]."""
+    return _section(section, lang_of(lang))
+
+
+@functools.cache
+def _section(section: str, lang: str):
+    prefix = section + "."
+    found = {k[len(prefix):]: v[lang] for k, v in UI.items() if k.startswith(prefix)}
+    if not found:
+        raise KeyError(f"no texts in section {section!r}")
+    return MappingProxyType(found)  # read-only: every chart shares it
+
+
+@dataclass(frozen=True, eq=False)
+class Phrase:
+    """A message in no language yet: a table key and the fields its text is formatted with (a field may be a
+    Phrase itself). Made where the tab's language is not known; `text(lang)` renders it where it is."""
+
+    key: str
+    fields: dict = field(default_factory=dict)
+
+    def text(self, lang: str) -> str:
+        return t(self.key, lang).format(**{k: v.text(lang) if isinstance(v, Phrase) else v
+                                           for k, v in self.fields.items()})
+
+
+class Refusal(ValueError):
+    """A refusal the page shows in the tab's language (app/delivery.py); str() is the English text, which is
+    what logs, tests and API clients read."""
+
+    def __init__(self, key: str, **fields):
+        self.phrase = Phrase(key, fields)
+        super().__init__(self.phrase.text("en"))
+
+    def text(self, lang: str) -> str:
+        return self.phrase.text(lang)

@@ -31,6 +31,7 @@ from collections import deque
 
 from . import commands as cmd
 from . import protocol
+from .i18n import Refusal
 from .protocol import BOUND, ERROR, EVENT, FRAME, HELLO, OK, PAYLOAD, RESYNC
 
 log = logging.getLogger("inferlab")
@@ -54,7 +55,7 @@ class TokenGuard:
         self._lock = threading.Lock()
 
     def check(self, token: str, secret: str, address: str | None) -> None:
-        """Raise ValueError unless `token` is the secret and this address may still try."""
+        """Raise a Refusal unless `token` is the secret and this address may still try."""
         address = address or "?"
         now = time.monotonic()
         with self._lock:
@@ -66,7 +67,7 @@ class TokenGuard:
                 oldest = min(mine[0] if len(mine) >= self.per_address else now,
                              self.all_failures[0] if len(self.all_failures) >= self.overall else now)
                 wait = max(1, int(self.window_s - (now - oldest)) + 1)
-                raise ValueError(f"too many wrong presenter tokens: try again in {wait} s")
+                raise Refusal("token_wait", wait=wait)
             ok = bool(token) and hmac.compare_digest(str(token).encode(), secret.encode())
             if not ok:
                 mine.append(now)
@@ -74,7 +75,7 @@ class TokenGuard:
                 if len(self.failures) > 10000:  # bounded: forget addresses with nothing recent
                     for a in [a for a, q in self.failures.items() if not q][:5000]:
                         del self.failures[a]
-                raise ValueError("wrong presenter token")
+                raise Refusal("wrong_token")
 
 
 def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...]) -> bool:
@@ -393,7 +394,8 @@ class Lecture:
 def event_summary(ev) -> dict:
     """The small, ordered part of a step event that every viewer receives (no captures, no block lists)."""
     return {"step": ev.step, "admitted": list(ev.admitted), "finished": list(ev.finished),
-            "timing": {k: ev.timing.get(k) for k in ("step_ms", "forward_ms", "sample_ms")},
+            "timing": {"step_ms": ev.timing.step_ms, "forward_ms": ev.timing.forward_ms,
+                       "sample_ms": ev.timing.sample_ms},
             "seqs": [{"seq_id": s.seq_id, "phase": s.phase, "num_processed": s.num_processed,
                       "new_token": s.new_token, "new_token_text": s.new_token_text, "emitted": s.emitted,
                       "num_tokens": s.num_tokens, "finished": s.finished} for s in ev.seqs]}

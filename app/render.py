@@ -13,7 +13,7 @@ import logging
 
 from .charts import attention, detok, embeddings, kv_cache, logits, room, sampling, speculative, timeline, tokens
 from .charts.common import empty
-from .i18n import PANELS, t
+from .i18n import PANEL_KEYS, Refusal, t
 from .panels import kv as kv_panel
 from .panels import pipeline, stream
 from .panels import tokens as token_panels
@@ -55,9 +55,9 @@ def message_html(text: str, kind: str = "info") -> str:
 
 def panel_headers(lang: str) -> dict[str, str]:
     out = {}
-    for key, title, text in PANELS:
-        out[f"html-title-{key}"] = html.escape(title[lang])
-        out[f"html-text-{key}"] = html.escape(text[lang])
+    for key in PANEL_KEYS:
+        out[f"html-title-{key}"] = html.escape(t(f"panel.{key}.title", lang))
+        out[f"html-text-{key}"] = html.escape(t(f"panel.{key}.text", lang))
     return out
 
 
@@ -78,9 +78,8 @@ def build_payload(s: LabView, lang: str = "en", layer: int = 0, head: int = 0, w
 log = logging.getLogger(__name__)
 
 # A replayed trace was written by whoever uploaded it: app/trace.py checks what the charts read at load, and
-# each piece of a replay's page is drawn on its own, so a value no check foresaw costs one chart, not the page.
-DRAW_FAILED = {"en": "This chart cannot be drawn from this trace (a value in it is malformed)",
-               "ru": "Этот график нельзя построить по этой записи (в ней испорчено значение)"}
+# each piece of a replay's page is drawn on its own, so a value no check foresaw costs one chart, not the page
+# (the placeholder says so: i18n "draw_failed").
 
 
 class _Lazy(dict):
@@ -93,7 +92,7 @@ class _Lazy(dict):
 
     def put(self, cid, make):
         if self.only is None or cid in self.only:
-            self[cid] = self.draw(make, lambda: empty("", DRAW_FAILED.get(self.lang, DRAW_FAILED["en"]), cid))
+            self[cid] = self.draw(make, lambda: empty("", t("draw_failed", self.lang), cid))
 
     def draw(self, make, fallback):
         if not self.guard:
@@ -112,7 +111,7 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     events = s.events
     last = events[-1] if events else None
     figs = _Lazy(only, bool(getattr(s, "untrusted", False)), lang)
-    failed = message_html(DRAW_FAILED.get(lang, DRAW_FAILED["en"]), "warn")
+    failed = message_html(t("draw_failed", lang), "warn")
     htmls: dict[str, str] = {"html-pipeline": figs.draw(lambda: pipeline.pipeline_html(last, lang), lambda: "")}
     htmls.update(panel_headers(lang))
     if what_if is None:
@@ -150,15 +149,14 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     figs.put("chart-bytes", lambda: tokens.bytes_per_token_chart(infos, n_prompt, lang))
     word = (word or "").strip() or _default_word(req.prompt)
     try:
-        summary = {"en": f"How byte-level BPE builds «{word}», merge by merge",
-                   "ru": f"Как байтовый BPE собирает «{word}», слияние за слиянием"}[lang if lang == "ru" else "en"]
+        summary = t("bpe_summary", lang).format(word=word)
         # folded by default: the trace is long and would push every other panel down
         entry = s.bpe(word)  # its ValueError is the message shown below
         merges = figs.draw(lambda: token_panels.bpe_merges_html(entry, lang), lambda: failed)
         htmls["html-bpe"] = (f'<details class="il-bpe-box"><summary>{html.escape(summary)}</summary>'
                              f'{merges}</details>')
     except (ValueError, NotImplementedError) as exc:  # a multi-pre-token word, a non-BPE tokenizer, a replay
-        htmls["html-bpe"] = message_html(str(exc), "warn")
+        htmls["html-bpe"] = message_html(exc.text(lang) if isinstance(exc, Refusal) else str(exc), "warn")
 
     # 2 · embeddings
     figs.put("chart-pca", lambda: embeddings.embedding_pca(events, sid, texts, lang))
@@ -207,7 +205,7 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
         figs.put("chart-roofline",
                  lambda: timeline.roofline_chart(events, machine["bandwidth"], machine["peak_flops"], lang))
     else:
-        figs.put("chart-roofline", lambda: empty("", "measuring this machine…", "chart-roofline"))
+        figs.put("chart-roofline", lambda: empty("", t("measuring", lang), "chart-roofline"))
 
     # 9 · speculative decoding: the focused sequence's rounds, its latest round, its running stats
     spec = figs.draw(lambda: next((se.spec for ev in reversed(events) for se in ev.seqs

@@ -28,6 +28,8 @@ from typing import Callable
 
 from engine import Engine, SamplingParams, StepEvent, StepFailed
 
+from .i18n import Refusal
+
 log = logging.getLogger("inferlab")
 
 HISTORY = 600  # room records kept (a lecture's worth of steps)
@@ -112,13 +114,13 @@ class Room:
     def _owner(self, owner: str) -> Owner:
         o = self._owners.get(owner)
         if o is None:
-            raise ValueError("this session has left the room; reload the page")
+            raise Refusal("left_room")
         return o
 
     def check_owner(self, owner: str, seq_id: int) -> None:
         """Owners act on their own sequences only (the engine's ids are small integers anyone can guess)."""
         if seq_id not in self._owner(owner).seq_ids:
-            raise ValueError(f"sequence {seq_id} is not one of yours")
+            raise Refusal("not_yours", sid=seq_id)
 
     # ---- requests, within the caps ------------------------------------------------------------------------
     def add_request(self, owner: str, prompt_ids: list[int], text: str, params: SamplingParams,
@@ -145,22 +147,18 @@ class Room:
         o = self._owner(owner)
         live = [v for v in (self._view(s) for s in list(o.seq_ids)) if v is not None and not v.finished]
         if len(live) >= lim.max_seqs_per_owner:
-            raise ValueError(f"you have {len(live)} unfinished sequences, the most one visitor may run at once "
-                             f"({lim.max_seqs_per_owner}); let one finish or press Reset")
+            raise Refusal("cap_seqs", n=len(live), max=lim.max_seqs_per_owner)
         prompt_tokens = sum(len(v.prompt_ids) for v in live) + prompt_len
         if prompt_tokens > lim.max_prompt_tokens_per_owner:
-            raise ValueError(f"your sequences' prompts would hold {prompt_tokens} tokens; one visitor may hold "
-                             f"{lim.max_prompt_tokens_per_owner}; shorten the prompt or press Reset")
+            raise Refusal("cap_prompt", n=prompt_tokens, max=lim.max_prompt_tokens_per_owner)
         blocks = sum(self._worst_blocks(len(v.prompt_ids), v.params) for v in live)
         need = self._worst_blocks(prompt_len, params)
         if blocks + need > self.max_blocks_per_owner:
-            raise ValueError(f"this request may need {need} KV blocks and yours already reserve {blocks}; one "
-                             f"visitor may reserve {self.max_blocks_per_owner} of the room's shared pool; lower "
-                             f"max_tokens, shorten the prompt or press Reset")
+            raise Refusal("cap_blocks", need=need, have=blocks, max=self.max_blocks_per_owner)
         with self._cond:
             total = sum(len(x.seq_ids) for x in self._owners.values())
         if total >= lim.max_seqs:
-            raise ValueError(f"the room's engine holds {total} sequences, its limit; try again in a minute")
+            raise Refusal("cap_room", n=total)
 
     def _worst_blocks(self, prompt_len: int, params: SamplingParams) -> int:
         tokens = min(prompt_len + params.max_tokens, self.engine.max_model_len)

@@ -22,6 +22,7 @@ from engine.model import ATTENTION_BUDGET
 from engine.tokenizer import bpe_merges, render_prompt, token_info
 
 from .downloads import TabDownloads
+from .i18n import Phrase, Refusal
 from .room import Room, RoomLimits
 
 log = logging.getLogger("inferlab")
@@ -44,13 +45,14 @@ MAX_TICKETS = 4096
 
 
 def cap_text(name: str, value, limit: int) -> str:
-    """`value` as a str of at most `limit` characters, or a ValueError naming the box (checked before any work)."""
+    """`value` as a str of at most `limit` characters, or a Refusal naming the box (i18n "name.<name>"), checked
+    before any work."""
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ValueError(f"{name} must be text")
+        raise Refusal("text_type", name=Phrase(f"name.{name}"))
     if len(value) > limit:
-        raise ValueError(f"{name} is {len(value)} characters; the lab accepts up to {limit}")
+        raise Refusal("text_long", name=Phrase(f"name.{name}"), n=len(value), limit=limit)
     return value
 
 
@@ -159,9 +161,9 @@ class LabSession:
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, prompt: str, params: SamplingParams, chat: bool, system: str | None) -> int:
         prompt = cap_text("prompt", prompt, MAX_PROMPT_CHARS)
-        system = cap_text("system prompt", system, MAX_SYSTEM_CHARS)
+        system = cap_text("system", system, MAX_SYSTEM_CHARS)
         if not prompt.strip():
-            raise ValueError("prompt must not be empty")
+            raise Refusal("empty_prompt")
         system = system if (chat and system and system.strip()) else None
         rendered = render_prompt(self.engine.tokenizer, prompt, chat=chat, system=system)
         with self.lock:
@@ -307,7 +309,7 @@ class LabSession:
     def seq_view(self, seq_id: int):
         """engine.SeqView of one of this tab's sequences."""
         if seq_id not in self.requests:
-            raise ValueError(f"sequence {seq_id} is not one of this tab's")
+            raise Refusal("not_this_tab", sid=seq_id)
         key = (self.room.steps, self.edits)
         hit = self.views_cache.get(seq_id)
         if hit is not None and hit[0] == key:
@@ -328,7 +330,7 @@ class LabSession:
     def _own_focus(self) -> int:
         """The focused sequence, checked to be this tab's."""
         if self.focus is None:
-            raise ValueError("start a sequence first (press Step)")
+            raise Refusal("no_focus")
         self.room.check_owner(self.owner, self.focus)
         return self.focus
 
@@ -450,12 +452,18 @@ def request_key(request) -> str:
     return str(getattr(request, "session_hash", None) or "default")[:128]
 
 
-class LabFull(ValueError):
+class LabFull(Refusal):
     """The global session cap is reached: the visitor gets a "try again in a minute" message, not a session."""
 
+    def __init__(self, max_sessions: int):
+        super().__init__("lab_full", n=max_sessions)
 
-class SessionClosed(ValueError):
+
+class SessionClosed(Refusal):
     """An event for a tab that has already been closed (a queued request after its unload)."""
+
+    def __init__(self):
+        super().__init__("tab_closed")
 
 
 class SessionRegistry:
@@ -511,7 +519,7 @@ class SessionRegistry:
                 s.last_used = time.time()
                 return s
             if key in self._closed:
-                raise SessionClosed("this tab was closed; reload the page to start again")
+                raise SessionClosed()
             if self.base is None:  # a replayed trace (put) works without a model; a live session does not
                 raise RuntimeError("the model is still loading")
         self.sweep()
@@ -520,8 +528,7 @@ class SessionRegistry:
             if key in self.sessions:  # another event of the same tab made it meanwhile
                 return self.sessions[key]
             if len(self.sessions) >= self.max_sessions:
-                raise LabFull(f"the lab is full: {len(self.sessions)} visitors are using it now "
-                              f"(at most {self.max_sessions}); try again in a minute")
+                raise LabFull(self.max_sessions)
             s = self.sessions[key] = LabSession.create(room)
             s.tab_key = key
         self.on_create(key)
@@ -558,8 +565,7 @@ class SessionRegistry:
         """Replace a tab's session (e.g. with a ReplaySession); the old one is freed."""
         with self._lock:
             if key not in self.sessions and len(self.sessions) >= self.max_sessions:
-                raise LabFull(f"the lab is full: {len(self.sessions)} visitors are using it now "
-                              f"(at most {self.max_sessions}); try again in a minute")
+                raise LabFull(self.max_sessions)
             old = self.sessions.pop(key, None)
             self.sessions[key] = session
             session.tab_key = key

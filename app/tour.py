@@ -14,6 +14,7 @@ from pathlib import Path
 from engine import SamplingParams
 
 from .commands import Add, Request, Reset, Step, apply
+from .i18n import Phrase
 from .session import LabSession
 
 TOUR_PATH = Path(__file__).resolve().parent.parent / "assets" / "tour.json"
@@ -115,30 +116,6 @@ def _check_action(where: str, a) -> dict:
     return dict(a)
 
 
-NOTES = {
-    "en": {
-        "none": "Nothing to run: look at the highlighted panel.",
-        "start": "Started «{p}» ({mode}); max new tokens: {n}.",
-        "chat": "chat template", "plain": "plain text",
-        "step": "Ran {done} engine step(s).",
-        "step_short": "Ran {done} of {want} engine steps: every sequence has finished.",
-        "add": "Queued request {sid}: «{p}» ({mode}). It is admitted at the next step.",
-        "run": "Ran {done} engine step(s) until every sequence finished.",
-        "nothing": "Nothing left to run: every sequence has finished.",
-    },
-    "ru": {
-        "none": "Запускать нечего: смотрите на подсвеченную панель.",
-        "start": "Запущен запрос «{p}» ({mode}); макс. новых токенов: {n}.",
-        "chat": "шаблон чата", "plain": "простой текст",
-        "step": "Выполнено шагов движка: {done}.",
-        "step_short": "Выполнено шагов движка: {done} из {want} — все последовательности завершены.",
-        "add": "В очередь добавлен запрос {sid}: «{p}» ({mode}). Он будет принят на следующем шаге.",
-        "run": "Выполнено шагов движка: {done}; все последовательности завершены.",
-        "nothing": "Делать больше нечего: все последовательности завершены.",
-    },
-}
-
-
 def tour_params(params: SamplingParams | None, max_tokens: int = TOUR_MAX_TOKENS) -> SamplingParams:
     """The visitor's sampling settings with max_tokens capped, so a tour step never waits on a long answer.
 
@@ -151,30 +128,36 @@ def tour_params(params: SamplingParams | None, max_tokens: int = TOUR_MAX_TOKENS
 
 def apply_action(step: TourStep, session: LabSession, params: SamplingParams | None = None,
                  lang: str = "en") -> str:
-    """Perform the step's action on the session (as commands, app/commands.py) and return a one-line note."""
-    tx = NOTES.get(lang, NOTES["en"])
+    """Perform the step's action on the session and return a one-line note in `lang`."""
+    return run_action(step, session, params).text(lang)
+
+
+def run_action(step: TourStep, session: LabSession, params: SamplingParams | None = None) -> Phrase:
+    """Perform the step's action on the session (as commands, app/commands.py); a note on what it ran, in any
+    language (the tour card is redrawn in the other one when the page's language changes)."""
     a = step.action
     t = a["type"]
     with session.lock:  # the whole action at once, even if a Run loop or another click races it
         if t == "none":
-            return tx["none"]
+            return Phrase("tour_note.none")
         if t in ("start", "add_request"):
             p = tour_params(params, a.get("max_tokens", TOUR_MAX_TOKENS))
             chat = a.get("chat", True)
             if t == "start":
                 apply(session, Reset())  # no registry in the context: this session, reset in place
             sid = apply(session, Add(Request(a["prompt"], chat, a.get("system"), p), focus=t == "start")).value
-            mode = tx["chat"] if chat else tx["plain"]
+            mode = Phrase("tour_note.chat" if chat else "tour_note.plain")
             if t == "start":
-                return tx["start"].format(p=a["prompt"], mode=mode, n=p.max_tokens)
-            return tx["add"].format(sid=sid, p=a["prompt"], mode=mode)
+                return Phrase("tour_note.start", {"p": a["prompt"], "mode": mode, "n": p.max_tokens})
+            return Phrase("tour_note.add", {"sid": sid, "p": a["prompt"], "mode": mode})
         if t == "step":
             want = a["count"]
             done = len(apply(session, Step(count=want)).value)
             if done == 0:
-                return tx["nothing"]
-            return tx["step"].format(done=done) if done == want else tx["step_short"].format(done=done, want=want)
+                return Phrase("tour_note.nothing")
+            return Phrase("tour_note.step", {"done": done}) if done == want else \
+                Phrase("tour_note.step_short", {"done": done, "want": want})
         if t == "run_until_done":
             done = len(apply(session, Step(count=RUN_UNTIL_DONE_LIMIT)).value)
-            return tx["run"].format(done=done) if done else tx["nothing"]
+            return Phrase("tour_note.run", {"done": done}) if done else Phrase("tour_note.nothing")
     raise ValueError(f"unknown tour action {t!r}")  # load_tour rejects these; a hand-made TourStep may not

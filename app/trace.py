@@ -39,6 +39,7 @@ import torch
 from engine.events import EVENT_VERSION, CaptureData, SeqEvent, StepEvent
 from engine.tokenizer import token_info
 
+from .i18n import Phrase, Refusal
 from .render import _default_word, prompt_words
 from .session import LabSession, RequestInfo, last_seq_event
 
@@ -485,7 +486,6 @@ def _gunzip(data: bytes) -> bytes:
 
 # ---- replay -------------------------------------------------------------------------------------------
 
-_READ_ONLY = "this is a replayed trace (no model loaded): {what} needs a live session"
 
 
 class ReplaySession:
@@ -657,7 +657,7 @@ class ReplaySession:
     @focus.setter
     def focus(self, seq_id: int | None) -> None:
         if seq_id is not None and seq_id not in self._seqs:
-            raise ValueError(f"sequence #{seq_id} does not exist at this point of the trace")
+            raise Refusal("replay_no_seq", sid=seq_id)
         self._chosen = self._focus = seq_id
 
     @property
@@ -684,7 +684,7 @@ class ReplaySession:
 
     def _seq(self, seq_id: int) -> dict:
         if seq_id not in self._seqs:
-            raise ValueError(f"sequence #{seq_id} does not exist at this point of the trace")
+            raise Refusal("replay_no_seq", sid=seq_id)
         return self._seqs[seq_id]
 
     def seq_token_ids(self, seq_id: int) -> list[int]:
@@ -706,8 +706,7 @@ class ReplaySession:
         entry = self._bpe.get(word)
         if entry is None:
             known = ", ".join(f"«{w}»" for w in list(self._bpe)[:12])
-            raise ValueError(f"«{word}» was not recorded in this trace (a replay has no tokenizer); "
-                             f"recorded words: {known or 'none'}")
+            raise Refusal("replay_no_word", word=word, known=known or Phrase("replay_no_words"))
         if isinstance(entry, dict):
             raise ValueError(str(entry.get("error", "no BPE trace for this word")))
         return entry
@@ -731,25 +730,30 @@ class ReplaySession:
     # ---- what a replay cannot do --------------------------------------------------------------------
     @property
     def engine(self):
-        raise ValueError(_READ_ONLY.format(what="this action (what-if, force, rewind, a new request)"))
+        raise _read_only("action")
 
     def add_request(self, *args, **kwargs):
-        raise ValueError(_READ_ONLY.format(what="a new request"))
+        raise _read_only("request")
 
     def updated_params(self, *args, **kwargs):
-        raise ValueError(_READ_ONLY.format(what="changing sampling parameters"))
+        raise _read_only("params")
 
     def compute_what_if(self, *args, **kwargs):
-        raise ValueError(_READ_ONLY.format(what="a what-if"))
+        raise _read_only("what_if")
 
     def force_token(self, *args, **kwargs):
-        raise ValueError(_READ_ONLY.format(what="forcing a token"))
+        raise _read_only("force")
 
     def rewind(self, *args, **kwargs):
-        raise ValueError(_READ_ONLY.format(what="rewinding"))
+        raise _read_only("rewind")
 
     def branch(self, *args, **kwargs):
-        raise ValueError(_READ_ONLY.format(what="branching"))
+        raise _read_only("branch")
+
+
+def _read_only(what: str) -> Refusal:
+    """What a replay cannot do: it has no model (i18n "replay_what.<what>" names the action)."""
+    return Refusal("replay_read_only", what=Phrase(f"replay_what.{what}"))
 
 
 def _list(v: Any, name: str) -> list:

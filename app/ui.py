@@ -17,7 +17,7 @@ import gradio as gr
 from . import calculators as calc
 from . import render
 from .handlers import LabHandlers
-from .i18n import EXAMPLES, PANELS, UI, t
+from .i18n import EXAMPLES, PANEL_KEYS, t
 from .live import Hub, Lecture
 from .protocol import IDS
 from .session import SessionRegistry, request_key as _key
@@ -27,13 +27,20 @@ __all__ = ["build_demo", "panels_html"]
 
 RENDER_JS = "(payload) => { if (window.inferlab) { window.inferlab.render(payload); } return []; }"
 HIDDEN = "il-hidden"  # rendered but hidden with CSS: Gradio drops invisible components from the DOM
+# each language is named in itself, so a reader finds theirs whichever language the page is in
+LANG_CHOICES = [("English", "en"), ("Русский", "ru")]
+CALC_INPUTS = ("model", "dtype", "context", "batch", "gpu", "alpha", "k", "draft_cost")
 
 
 # ---- static HTML ---------------------------------------------------------------------------------------
+def header_html(lang: str) -> str:
+    return (f'<h1 class="il-title">{html.escape(t("title", lang))}</h1>'
+            f'<p class="il-sub">{html.escape(t("subtitle", lang))}</p>')
+
+
 def calc_header_html(lang: str) -> str:
-    text = calc.CALC_TEXT
-    return (f'<h3 id="html-title-calculators">{html.escape(text["title"][lang])}</h3>'
-            f'<p class="il-explain">{html.escape(text["text"][lang])}</p>')
+    return (f'<h3 id="html-title-calculators">{html.escape(t("calc.title", lang))}</h3>'
+            f'<p class="il-explain">{html.escape(t("calc.text", lang))}</p>')
 
 
 def calc_charts_html() -> str:
@@ -47,11 +54,11 @@ def panels_html() -> str:
     follower page's (/follow serves this HTML as is). The page constants they need come with the head."""
     parts = ['<div id="html-pipeline" class="il-pipeline"></div>', '<div id="html-message"></div>',
              '<div class="il-panels">']
-    for key, title, text in PANELS:
+    for key in PANEL_KEYS:
         wide = "" if key in ("logits", "sampling") else " il-wide"
         parts.append(f'<section class="il-panel{wide}" id="{IDS["panel_prefix"]}{key}">')
-        parts.append(f'<h3 id="html-title-{key}">{html.escape(title["en"])}</h3>')
-        parts.append(f'<p class="il-explain" id="html-text-{key}">{html.escape(text["en"])}</p>')
+        parts.append(f'<h3 id="html-title-{key}">{html.escape(t(f"panel.{key}.title", "en"))}</h3>')
+        parts.append(f'<p class="il-explain" id="html-text-{key}">{html.escape(t(f"panel.{key}.text", "en"))}</p>')
         for hid in render.PANEL_HTML.get(key, []):
             parts.append(f'<div id="{hid}" class="il-html {hid}"></div>')
         parts.append('<div class="il-charts">')
@@ -102,9 +109,8 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
 # ---- layout sections (each adds its components to the namespace `c`) ------------------------------------
 def _header(c) -> None:
     with gr.Row(elem_classes="il-header"):
-        gr.HTML(f'<h1 class="il-title">{html.escape(UI["title"]["en"])}</h1>'
-                f'<p class="il-sub">{html.escape(UI["subtitle"]["en"])}</p>', elem_id="il-title")
-        c.lang = gr.Radio(["en", "ru"], value="en", label=t("language", "en"), elem_id="lang", scale=0,
+        c.header = gr.HTML(header_html("en"), elem_id="il-title")
+        c.lang = gr.Radio(LANG_CHOICES, value="en", label=t("language", "en"), elem_id="lang", scale=0,
                           min_width=140)
     c.status = gr.HTML(elem_id="model-status")
     c.timer = gr.Timer(0.5)
@@ -206,20 +212,24 @@ def _calculators(c) -> None:
     """The whiteboard calculators: their own inputs, charts drawn by lab.js like every panel's."""
     with gr.Group(elem_id="panel-calculators", elem_classes="il-calc"):
         c.calc_head = gr.HTML(calc_header_html("en"), elem_id="calc-head")
-        cc, d, L = calc.choices("en", None, None), calc.DEFAULTS, calc.CALC_TEXT["labels"]
+        cc, d = calc.choices("en", None, None), calc.DEFAULTS
+
+        def label(name):
+            return t(f"calc.label.{name}", "en")
+
         with gr.Row():
-            c.c_model = gr.Dropdown(cc["model"], value=d["model"], label=L["model"]["en"], elem_id="calc_model",
+            c.c_model = gr.Dropdown(cc["model"], value=d["model"], label=label("model"), elem_id="calc_model",
                                     allow_custom_value=True)
-            c.c_dtype = gr.Dropdown(cc["dtype"], value=d["dtype"], label=L["dtype"]["en"], elem_id="calc_dtype")
-            c.c_gpu = gr.Dropdown(cc["gpu"], value=d["gpu"], label=L["gpu"]["en"], elem_id="calc_gpu",
+            c.c_dtype = gr.Dropdown(cc["dtype"], value=d["dtype"], label=label("dtype"), elem_id="calc_dtype")
+            c.c_gpu = gr.Dropdown(cc["gpu"], value=d["gpu"], label=label("gpu"), elem_id="calc_gpu",
                                   allow_custom_value=True)
         with gr.Row():
-            c.c_context = gr.Number(value=d["context"], precision=0, label=L["context"]["en"], elem_id="calc_context")
-            c.c_batch = gr.Number(value=d["batch"], precision=0, label=L["batch"]["en"], elem_id="calc_batch")
+            c.c_context = gr.Number(value=d["context"], precision=0, label=label("context"), elem_id="calc_context")
+            c.c_batch = gr.Number(value=d["batch"], precision=0, label=label("batch"), elem_id="calc_batch")
         with gr.Row():
-            c.c_alpha = gr.Slider(0, 1, value=d["alpha"], step=0.01, label=L["alpha"]["en"], elem_id="calc_alpha")
-            c.c_k = gr.Slider(1, 16, value=d["k"], step=1, label=L["k"]["en"], elem_id="calc_k")
-            c.c_cost = gr.Slider(0, 1, value=d["draft_cost"], step=0.01, label=L["draft_cost"]["en"],
+            c.c_alpha = gr.Slider(0, 1, value=d["alpha"], step=0.01, label=label("alpha"), elem_id="calc_alpha")
+            c.c_k = gr.Slider(1, 16, value=d["k"], step=1, label=label("k"), elem_id="calc_k")
+            c.c_cost = gr.Slider(0, 1, value=d["draft_cost"], step=0.01, label=label("draft_cost"),
                                  elem_id="calc_draft_cost")
         gr.HTML(calc_charts_html(), elem_id="calc-charts")
     c.calc_inputs = [c.c_model, c.c_dtype, c.c_context, c.c_batch, c.c_gpu, c.c_alpha, c.c_k, c.c_cost]
@@ -304,30 +314,44 @@ def _wire_tools(c, tools: ToolHandlers) -> None:
 
 
 def _wire_language(c, h: LabHandlers, tools: ToolHandlers) -> None:
-    """Every label follows the language switch; the panels redraw in it (their texts come with the payload)."""
-    c.lang.change(lambda lg: calc_header_html(lg), c.lang, c.calc_head)
+    """Every label follows the language switch; the panels redraw in it (their texts come with the payload),
+    and so do the lines the server wrote into the page: the model's status, the tour's step, the lecture box."""
     c.lang.change(tools.calc_choices, [c.lang, c.c_model, c.c_gpu], [c.c_model, c.c_dtype, c.c_gpu]).then(
         tools.calculators, [*c.calc_inputs, c.lang, c.visible], c.payload, show_progress="hidden")
-    labels = [(ctl, "label", calc.CALC_TEXT["labels"][k]) for ctl, k in zip(c.calc_inputs, (
-        "model", "dtype", "context", "batch", "gpu", "alpha", "k", "draft_cost"))]
-    keyed = [(c.spec_acc, "label", "spec_box"), (c.spec_on, "label", "spec_on"),
-             (c.spec_method, "label", "spec_method"), (c.spec_k, "label", "spec_k"),
-             (c.spec_exit, "label", "spec_exit"), (c.spec_adaptive, "label", "spec_adaptive"),
-             (c.spec_measure, "value", "spec_measure"), (c.tour_acc, "label", "tour"),
-             (c.tour_start, "value", "tour_start"), (c.tour_back, "value", "tour_back"),
-             (c.tour_next, "value", "tour_next"), (c.trace_acc, "label", "trace_box"),
-             (c.trace_export, "value", "trace_export"), (c.trace_load, "label", "trace_load"),
-             (c.export_chart, "label", "chart"), (c.export_fmt, "label", "format"),
-             (c.export_btn, "value", "export_btn"), (c.download, "label", "download")]
-    labels += [(ctl, attr, UI[key]) for ctl, attr, key in keyed]
-    c.lang.change(lambda lg: [gr.update(**{attr: text[lg]}) for _, attr, text in labels], c.lang,
-                  [ctl for ctl, _, _ in labels])
+    keyed = [(ctl, "label", f"calc.label.{name}") for ctl, name in zip(c.calc_inputs, CALC_INPUTS)]
+    keyed += [(c.lang, "label", "language"), (c.prompt, "label", "prompt"), (c.chat, "label", "chat"),
+              (c.system, "label", "system"), (c.temperature, "label", "temperature"), (c.top_k, "label", "top_k"),
+              (c.top_p, "label", "top_p"), (c.min_p, "label", "min_p"), (c.rep, "label", "repetition_penalty"),
+              (c.freq, "label", "frequency_penalty"), (c.pres, "label", "presence_penalty"),
+              (c.seed, "label", "seed"), (c.max_tokens, "label", "max_tokens"), (c.stop, "label", "stop"),
+              (c.layer, "label", "layer"), (c.head, "label", "head"), (c.force_id, "label", "force"),
+              (c.rewind_n, "label", "rewind"), (c.branch, "label", "branch_btn"), (c.word, "label", "word"),
+              (c.npos, "label", "neighbour"), (c.step_btn, "value", "step"), (c.run_btn, "value", "run"),
+              (c.pause_btn, "value", "pause"), (c.reset_btn, "value", "reset"), (c.add_btn, "value", "add"),
+              (c.force_btn, "value", "force_btn"), (c.rewind_btn, "value", "rewind_btn"),
+              (c.lecture_box, "label", "lecture"), (c.token, "label", "token"), (c.present_btn, "value", "present"),
+              (c.unpresent_btn, "value", "unpresent"), (c.spec_acc, "label", "spec_box"),
+              (c.spec_on, "label", "spec_on"), (c.spec_method, "label", "spec_method"),
+              (c.spec_k, "label", "spec_k"), (c.spec_exit, "label", "spec_exit"),
+              (c.spec_adaptive, "label", "spec_adaptive"), (c.spec_measure, "value", "spec_measure"),
+              (c.tour_acc, "label", "tour"), (c.tour_start, "value", "tour_start"),
+              (c.tour_back, "value", "tour_back"), (c.tour_next, "value", "tour_next"),
+              (c.trace_acc, "label", "trace_box"), (c.trace_export, "value", "trace_export"),
+              (c.trace_load, "label", "trace_load"), (c.export_chart, "label", "chart"),
+              (c.export_fmt, "label", "format"), (c.export_btn, "value", "export_btn"),
+              (c.download, "label", "download")]
+
+    def relabel(lang):
+        return ([gr.update(**{attr: t(key, lang)}) for _, attr, key in keyed]
+                + [gr.update(label=t("examples", lang), samples=[[e] for e in EXAMPLES[lang]]),
+                   header_html(lang), calc_header_html(lang)])
+
+    c.lang.change(relabel, c.lang, [ctl for ctl, _, _ in keyed] + [c.examples, c.header, c.calc_head])
+    c.lang.change(h.language, c.view, c.payload, show_progress="hidden")
+    c.lang.change(h.status, c.lang, [c.status, c.timer, c.layer, c.head], show_progress="hidden")
+    c.lang.change(tools.tour_box, c.lang, c.tour_box, show_progress="hidden")
+    c.lang.change(h.lecture_status, c.lang, c.lecture_info, show_progress="hidden")
     c.examples.click(lambda x: x[0], c.examples, c.prompt)
-    relabeled = [c.prompt, c.chat, c.system, c.temperature, c.top_k, c.top_p, c.min_p, c.rep, c.freq, c.pres, c.seed,
-                 c.max_tokens, c.stop, c.layer, c.head, c.force_id, c.rewind_n, c.word, c.npos, c.step_btn,
-                 c.run_btn, c.pause_btn, c.reset_btn, c.add_btn, c.force_btn, c.rewind_btn, c.branch, c.examples,
-                 c.lecture_box, c.token, c.present_btn, c.unpresent_btn]
-    c.lang.change(h.relabel, c.lang, relabeled).then(h.view, c.view, c.payload)
 
 
 def _wire_page(demo, c, h: LabHandlers, tools: ToolHandlers, registry: SessionRegistry) -> None:

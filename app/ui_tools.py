@@ -21,8 +21,8 @@ from . import render
 from .commands import sampling_params
 from .delivery import View
 from .export import chart_file
-from .i18n import t
-from .tour import apply_action, load_tour
+from .i18n import Refusal, lang_of, t
+from .tour import load_tour, run_action
 from .trace import ReplaySession, TraceError, export_trace, load_trace, save_trace
 from .session import request_key as _key
 
@@ -49,7 +49,7 @@ class ToolHandlers:
             s = self.lab._session(request)
             with s.lock:
                 if not s.events:
-                    raise ValueError(t("trace_empty", lang))
+                    raise Refusal("trace_empty")
                 doc = export_trace(s)
             directory = self.lab.registry.downloads(self._key(request)).folder()
             return str(save_trace(doc, directory)), self.out.message(t("trace_saved", lang))
@@ -61,9 +61,9 @@ class ToolHandlers:
             view = View.parse(lang, layer, head, word, npos, visible)
             path = getattr(file, "name", file)
             if not path:
-                raise ValueError(t("trace_none", lang))
+                raise Refusal("trace_none")
             if Path(path).stat().st_size > MAX_TRACE_BYTES:  # Gradio's max_file_size refuses most before this
-                raise ValueError(f"the trace is larger than {MAX_TRACE_BYTES // 2**20} MiB")
+                raise Refusal("trace_too_big", n=MAX_TRACE_BYTES // 2**20)
             replay = load_trace(Path(path))
             key = self._key(request)
             self.lab.registry.put(key, replay)
@@ -73,20 +73,20 @@ class ToolHandlers:
             self.out.views.of(key).forget_sent()  # a new session: its page redraws everything
             return self.out.payload(replay, view, msg)
         except TraceError as exc:
-            return self.out.error(ValueError(f"{t('trace_bad', lang)}: {exc}"), lang)
+            return self.out.error(Refusal("trace_bad", detail=exc), lang)
         except Exception as exc:  # noqa: BLE001
             return self.out.error(exc, lang)
 
     def export_chart(self, chart_id, fmt, lang, layer, head, word, npos, request: gr.Request = None):
         try:
             if chart_id not in render.CHART_IDS:
-                raise ValueError(t("export_pick", lang))
+                raise Refusal("export_pick")
             s = self.lab._session(request)
             view = View.parse(lang, layer, head, word, npos)
             with s.lock:
                 p = render.build_payload(s, *view.args, self.lab.holder.machine, None, None, only={chart_id})
             if fmt not in ("png", "html"):
-                raise ValueError("format must be png or html")
+                raise Refusal("bad_format")
             path = chart_file(p["figs"], chart_id, fmt, self.lab.registry.downloads(self._key(request)).folder())
             return str(path), self.out.message(t("export_done", lang).format(name=path.name))
         except Exception as exc:  # noqa: BLE001
@@ -117,15 +117,15 @@ class ToolHandlers:
             view = View.parse(lang, layer, head, word, npos, visible)
             s = self.lab._session(request)
             if isinstance(s, ReplaySession):
-                raise ValueError(t("tour_replay", lang))
+                raise Refusal("tour_replay")
             if s.speculative is None:
-                raise ValueError(t("spec_first", lang))
+                raise Refusal("spec_first")
             if s.focus_view() is None:
-                raise ValueError(t("spec_no_prompt", lang))
+                raise Refusal("spec_no_prompt")
             req = s.requests[s.focus]
             params = s.focus_view().params
             if not _measuring.acquire(blocking=False):
-                raise ValueError(t("spec_busy", lang))
+                raise Refusal("spec_busy")
             try:
                 cmp = compare_with_plain(s.engine, req.token_ids, params, s.speculative,
                                          max_tokens=min(MEASURE_TOKENS, params.max_tokens))
@@ -199,23 +199,34 @@ class ToolHandlers:
             view = View.parse(lang, layer, head, word, npos, visible)
             s = self.lab._session(request)
             if isinstance(s, ReplaySession):
-                raise ValueError(t("tour_replay", lang))
+                raise Refusal("tour_replay")
             tab = self.out.views.of(s.tab_key)
             new = 0 if delta == 0 else max(0, min(len(self.tour) - 1, tab.tour_pos + delta))
             step = self.tour[new]
-            note = ""
+            note = None
             if delta >= 0 and (delta == 0 or new != tab.tour_pos):
                 params = sampling_params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
-                note = apply_action(step, s, params, view.lang)
-            tab.tour_pos = new
-            box = (f'<div class="il-tour-step"><div class="il-tour-count">{new + 1} / {len(self.tour)}</div>'
-                   f'<h4>{html.escape(step.title[view.lang])}</h4><p>{html.escape(step.text[view.lang])}</p>'
-                   f'<p class="il-tour-note">{html.escape(note)}</p></div>')
+                note = run_action(step, s, params)
+            tab.tour_pos, tab.tour_note = new, note
             # lab.js scrolls to the panel and outlines it (once per click: "at"); lecture viewers follow along
             s.tour = {"panel": step.panel, "index": new, "at": time.time()}
-            out = self.out.build(s, view, note)
+            out = self.out.build(s, view, note.text(view.lang) if note else "")
             out["tour"] = s.tour
-            return self.out.deliver(out, s.tab_key), box
+            return self.out.deliver(out, s.tab_key), self._tour_card(new, note, view.lang)
         except Exception as exc:  # noqa: BLE001
             return self.out.error(exc, lang), gr.skip()
+
+    def tour_box(self, lang, request: gr.Request = None):
+        """The tour card in the page's new language: the step it shows, with the note on what that step ran."""
+        key = self._key(request)
+        tab = self.out.views.of(key) if self.lab.registry.peek(key) is not None else None
+        if tab is None or tab.tour_pos < 0:
+            return f'<p class="il-tour-intro">{html.escape(t("tour_intro", lang))}</p>'
+        return self._tour_card(tab.tour_pos, tab.tour_note, lang)
+
+    def _tour_card(self, pos: int, note, lang: str) -> str:
+        step, lang = self.tour[pos], lang_of(lang)
+        return (f'<div class="il-tour-step"><div class="il-tour-count">{pos + 1} / {len(self.tour)}</div>'
+                f'<h4>{html.escape(step.title[lang])}</h4><p>{html.escape(step.text[lang])}</p>'
+                f'<p class="il-tour-note">{html.escape(note.text(lang) if note else "")}</p></div>')
 

@@ -14,6 +14,7 @@ import pytest
 from app.charts import speculative as SC
 from app.charts.sampling import plot_label
 from app.charts.common import axis_title
+from app.i18n import texts
 from engine import SamplingParams, SpeculativeConfig
 from engine import speculative as S
 from engine.metrics import expected_tokens_per_pass
@@ -60,7 +61,7 @@ def test_rounds_timeline_places_every_draft_and_final_token(run):
     for sid in (a, b):
         rounds = rounds_of(events, sid)
         fig = valid(SC.rounds_timeline(events, sid))
-        kinds = SC.TEXT["en"]["kinds"]
+        kinds = texts("spec", "en")["kinds"]
         expected = {}
         for r, (step, sp) in enumerate(rounds, start=1):
             for d in sp["draft"]:
@@ -87,7 +88,7 @@ def test_rounds_timeline_places_every_draft_and_final_token(run):
     # hover of a checked draft shows its own q, p, ratio and u
     step, sp = next((st, sp) for st, sp in rounds_of(events, a) if sp["draft"])
     d = sp["draft"][0]
-    hover = trace_named(SC.rounds_timeline(events, a), SC.TEXT["en"]["kinds"][d["verdict"]])["customdata"][0]
+    hover = trace_named(SC.rounds_timeline(events, a), texts("spec", "en")["kinds"][d["verdict"]])["customdata"][0]
     assert f"q(x) = {d['q']:.4f}" in hover and f"p(x) = {d['p']:.4f}" in hover and f"u = {d['u']:.3f}" in hover
 
 
@@ -103,7 +104,7 @@ def test_rounds_timeline_reads_replayed_dicts_and_speaks_russian(run):
     ru = valid(SC.rounds_timeline(events, a, lang="ru"))
     assert ru["layout"]["title"]["text"].startswith("Раунды")
     assert axis_title(ru, "xaxis").startswith("раунд")
-    assert placeholder(SC.rounds_timeline([], lang="en")) == SC.TEXT["en"]["no_rounds"]
+    assert placeholder(SC.rounds_timeline([], lang="en")) == texts("spec", "en")["no_rounds"]
     # without a seq id the chart follows the sequence that speculated last
     last_sid = [s.seq_id for e in events for s in e.seqs if s.spec is not None][-1]
     assert SC.rounds_timeline(events)["data"] == SC.rounds_timeline(events, last_sid)["data"]
@@ -113,7 +114,7 @@ def test_pq_chart_shows_p_q_and_the_residual_of_the_rejected_position(run):
     eng, events, a, _, _ = run
     step, sp = next((st, sp) for st, sp in rounds_of(events, a) if sp["residual"] is not None)
     fig = valid(SC.pq_chart(sp, step=step))
-    tx = SC.TEXT["en"]
+    tx = texts("spec", "en")
     assert len(sp["dists"]) == sp["num_accepted"] + 1
     p_bars = [t for t in fig["data"] if t["name"] == tx["p"]]
     q_bars = [t for t in fig["data"] if t["name"] == tx["q"]]
@@ -138,7 +139,7 @@ def test_pq_chart_bonus_panel_and_empty_states(run):
     eng, events, _, b, _ = run
     step, sp = next((st, sp) for st, sp in rounds_of(events, b) if sp["final"]["kind"] == "bonus")
     fig = valid(SC.pq_chart(sp, step=step, lang="ru"))
-    tx = SC.TEXT["ru"]
+    tx = texts("spec", "ru")
     p_bars = [t for t in fig["data"] if t["name"] == tx["p"]]
     q_bars = [t for t in fig["data"] if t["name"] == tx["q"]]
     assert len(p_bars) == sp["num_drafted"] + 1 and len(q_bars) == sp["num_drafted"]  # the bonus has no q
@@ -157,9 +158,9 @@ def test_pq_chart_bonus_panel_and_empty_states(run):
     assert 1.0 in q_bars[0]["y"]
     no_drafts = next(sp for _, sp in rounds_of(events, b) if sp["num_drafted"] == 0) \
         if any(sp["num_drafted"] == 0 for _, sp in rounds_of(events, b)) else {"num_drafted": 0}
-    assert placeholder(SC.pq_chart(no_drafts)) == SC.TEXT["en"]["no_pq"]
+    assert placeholder(SC.pq_chart(no_drafts)) == texts("spec", "en")["no_pq"]
     untraced = dict(sp, dists=None)
-    assert placeholder(SC.pq_chart(untraced)) == SC.TEXT["en"]["no_dists"]
+    assert placeholder(SC.pq_chart(untraced)) == texts("spec", "en")["no_dists"]
 
 
 def test_acceptance_and_tokens_per_pass_match_the_statistics(run):
@@ -183,8 +184,8 @@ def test_acceptance_and_tokens_per_pass_match_the_statistics(run):
         assert measured["x"] == [stats["alpha"]] and measured["y"] == [stats["tokens_per_round"]]
         assert expected["y"] == [pytest.approx(stats["expected_tokens_per_round"])]
         assert f"{stats['tokens_per_round']:.2f}" in fig["layout"]["title"]["text"]
-    assert placeholder(SC.acceptance_chart(None)) == SC.TEXT["en"]["no_alpha"]
-    assert placeholder(SC.tokens_per_pass_chart({}, lang="ru")) == SC.TEXT["ru"]["no_pass"]
+    assert placeholder(SC.acceptance_chart(None)) == texts("spec", "en")["no_alpha"]
+    assert placeholder(SC.tokens_per_pass_chart({}, lang="ru")) == texts("spec", "ru")["no_pass"]
 
 
 def test_speedup_chart_and_table_show_the_measured_comparison(run):
@@ -202,4 +203,4 @@ def test_speedup_chart_and_table_show_the_measured_comparison(run):
                                      f"{st['expected_tokens_per_round']:.2f}", "✓"]
     ru = valid(SC.speedup_table([cmp_], ["x"], lang="ru"))
     assert ru["data"][0]["header"]["values"][0] == "<b>запрос</b>"
-    assert placeholder(SC.speedup_chart(None)) == SC.TEXT["en"]["no_speedup"]
+    assert placeholder(SC.speedup_chart(None)) == texts("spec", "en")["no_speedup"]

@@ -175,7 +175,7 @@ def test_language_switch_relabels_page_and_charts(lab):
     set_prompt(page, "Что такое гравитация?")
     click_and_wait(page, "#step button, button#step")
     before = renders(page)
-    page.locator("#lang label", has_text="ru").click()
+    page.locator("#lang label", has_text="Русский").click()
     page.wait_for_function(f"() => window.inferlab.state.renders > {before}", timeout=30000)
     page.wait_for_function("() => document.querySelector('#step').innerText.includes('Шаг')", timeout=30000)
     assert "Шаблон" in page.inner_text("#html-title-template")

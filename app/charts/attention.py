@@ -13,92 +13,13 @@ import math
 import numpy as np
 
 from .common import ACCENT, LABEL_CHARS, empty, figure, label_px, layout, rotated_px, shorten, to_np, token_label
+from ..i18n import texts
 
 MAX_POSITIONS = 256  # one heatmap: at most this many query rows and key columns
 GRID_MAX_POSITIONS = 64  # every head of a layer at once: smaller tiles
 LENS_MAX_POSITIONS = 48  # logit-lens columns
 POS_LABEL_CHARS = LABEL_CHARS + 4  # "117 " + the token text (pos_label)
 
-TEXT = {
-    "en": {
-        "attn_title": "Attention · layer {layer}, head {head}",
-        "attn_empty": "Nothing captured yet: the engine records attention only for steps taken while this panel is in view (one engine serves the whole room). Press Step",
-        "attn_no_layer": "Layer {layer}, head {head} was not captured for this sequence",
-        "window": " (last {n} of {total} positions)",
-        "query": "Query",
-        "key": "Key",
-        "weight": "weight",
-        "x_key": "Key token (attended to)",
-        "y_query": "Query token (attending)",
-        "grid_title": "All heads · layer {layer}",
-        "head": "head",
-        "layer": "layer",
-        "entropy_title": "Attention entropy of the newest query<br><span style='font-size:11px;color:#555'>"
-                         "position {pos}, {ctx} keys; uniform = {max:.2f} bits</span>",
-        "entropy_name": "Attention entropy per head",
-        "entropy_empty": "Nothing captured yet: the engine records attention only for steps taken while this panel is in view (one engine serves the whole room). Press Step",
-        "bits": "bits",
-        "x_head": "Head",
-        "y_layer": "Layer",
-        "lens_title": "Logit lens · top-1 next token after each layer (written where it changes)",
-        "lens_empty": "Nothing captured yet: the engine records the logit lens only for steps taken while this panel is in view (one engine serves the whole room). Press Step",
-        "top1": "top-1 prob",
-        "position": "position",
-        "x_position": "Position (input token)",
-        "y_lens_layer": "Layer (residual stream after it)",
-        "input": "input",
-        "next": "actual next",
-        "kept_last": "attention kept for the last {k} of the {total} positions shown",
-        "kept_some": "attention kept for {k} of the {total} positions shown",
-        "kept_none": "no attention kept for the {total} positions shown",
-        "over_budget": "{n} over the capture budget ({budget} a step)",
-        "freed": "{n} freed later (capture budget)",
-        "not_kept": "Attention of layer {layer} was not kept for these positions (capture budget)",
-        "not_kept_any": "Attention was not kept for these positions (capture budget)",
-        "entropy_older": "attention of the {n} newer positions not kept (capture budget)",
-        "lens_freed": "logit lens of {n} positions not kept (capture budget)",
-        "bytes": ("B", "KiB", "MiB", "GiB"),
-    },
-    "ru": {
-        "attn_title": "Внимание · слой {layer}, голова {head}",
-        "attn_empty": "Пока ничего не записано: движок записывает внимание только на шагах, сделанных, пока эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»",
-        "attn_no_layer": "Слой {layer}, голова {head} не записаны для этой последовательности",
-        "window": " (последние {n} из {total} позиций)",
-        "query": "Запрос",
-        "key": "Ключ",
-        "weight": "вес",
-        "x_key": "Токен-ключ (на который смотрят)",
-        "y_query": "Токен-запрос (который смотрит)",
-        "grid_title": "Все головы · слой {layer}",
-        "head": "голова",
-        "layer": "слой",
-        "entropy_title": "Энтропия внимания последнего запроса<br><span style='font-size:11px;color:#555'>"
-                         "позиция {pos}, ключей: {ctx}; равномерно = {max:.2f} бит</span>",
-        "entropy_name": "Энтропия внимания по головам",
-        "entropy_empty": "Пока ничего не записано: движок записывает внимание только на шагах, сделанных, пока эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»",
-        "bits": "бит",
-        "x_head": "Голова",
-        "y_layer": "Слой",
-        "lens_title": "Logit lens · самый вероятный следующий токен после каждого слоя (подписан там, где он меняется)",
-        "lens_empty": "Пока ничего не записано: движок записывает logit lens только на шагах, сделанных, пока эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»",
-        "top1": "вер. top-1",
-        "position": "позиция",
-        "x_position": "Позиция (входной токен)",
-        "y_lens_layer": "Слой (остаточный поток после него)",
-        "input": "вход",
-        "next": "настоящий следующий",
-        "kept_last": "внимание сохранено для последних {k} из {total} показанных позиций",
-        "kept_some": "внимание сохранено для {k} из {total} показанных позиций",
-        "kept_none": "внимание не сохранено ни для одной из {total} показанных позиций",
-        "over_budget": "{n} — сверх бюджета захвата ({budget} на шаг)",
-        "freed": "{n} удалены позже (бюджет захвата)",
-        "not_kept": "Внимание слоя {layer} для этих позиций не сохранено (бюджет захвата)",
-        "not_kept_any": "Внимание для этих позиций не сохранено (бюджет захвата)",
-        "entropy_older": "внимание {n} более новых позиций не сохранено (бюджет захвата)",
-        "lens_freed": "logit lens для {n} позиций не сохранён (бюджет захвата)",
-        "bytes": ("Б", "КиБ", "МиБ", "ГиБ"),
-    },
-}
 
 # ColorBrewer "Blues" spread with a gamma: weights are dominated by a few large values (the first token
 # is an attention sink), so a linear scale would hide everything else. z stays the true weight.
@@ -108,7 +29,7 @@ ATTN_COLORSCALE = [[(k / (len(_BLUES) - 1)) ** _GAMMA, c] for k, c in enumerate(
 
 
 def tr(lang: str) -> dict:
-    return TEXT[lang if lang in TEXT else "en"]
+    return texts("attn", lang)
 
 
 def plain(text: str, max_chars: int | None = None) -> str:

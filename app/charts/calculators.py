@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from .common import FREE, GREY, empty, figure, layout
+from ..i18n import texts
 
 UIREV_KV = "chart-calc-kv"
 UIREV_FIT = "chart-calc-fit"
@@ -22,86 +23,12 @@ KIND_COLORS = {"prefill": "#6A51A3", "decode": "#2CA02C"}  # the same as the liv
 ROOF_COLOR = "#444444"
 K_COLORS = ["#9ECAE1", "#6BAED6", "#3182BD", "#08519C", "#08306B", "#F58518"]
 
-TEXT = {
-    "en": {
-        "kv_title": "KV cache per token (left axis) and per sequence of {ctx} tokens (right axis)",
-        "per_token": "per token", "per_seq": "per sequence ({ctx} tokens)",
-        "kv_hover": "<b>{model}</b> · {dtype}<br>{tok} per token<br>{seq} per sequence of {ctx} tokens<br>"
-                    "{batch} for a batch of {b}",
-        "fit_title": "{model} in {dtype}, {ctx}-token context: how many sequences fit beside the weights",
-        "gib": "memory (GiB)",
-        "weights": "weights", "reserve": "reserve ({pct}% for activations, runtime, fragmentation)",
-        "kv": "KV cache of the sequences that fit", "unused": "left over (less than one sequence)",
-        "capacity": "capacity",
-        "fit_n": "{n} seq.", "no_fit": "weights do not fit", "no_kv": "no room for KV",
-        "fit_hover": "<b>{gpu}</b><br>capacity {mem}<br>weights {w}<br>reserve {r}<br>left for KV {free}<br>"
-                     "KV per sequence {kv}<br><b>{n} sequences</b>",
-        "step_title": "Decode step lower bound: (weights + KV read) / bandwidth, batch {b}, {ctx}-token context",
-        "ms": "ms per decode step (log)",
-        "step_hover": "<b>{gpu}</b> · {dtype}<br>weights {w} + KV read {kv} = {tot}<br>÷ {bw}/s = <b>{t}</b><br>"
-                      "≤ {tps} tokens/s per sequence",
-        "no_room": "does not fit in memory",
-        "roof_title": "Roofline of {gpu} ({dtype}): where decode and prefill sit",
-        "x": "arithmetic intensity (FLOP / byte moved)", "y": "attainable FLOP/s",
-        "roof": "roof = min(peak, bandwidth × intensity)",
-        "ridge": "ridge {r} FLOP/B",
-        "decode_b": "decode, batch {b}", "prefill_n": "prefill, {n}",
-        "decode_dtypes": "decode, batch 1, other dtypes",
-        "pt_hover": "<b>{name}</b><br>{flops} FLOP over {bytes}<br>intensity {i} FLOP/B<br>"
-                    "attainable {att}FLOP/s ({bound})",
-        "mem_bound": "memory-bound", "compute_bound": "compute-bound",
-        "spec_title": "Speculative decoding, draft cost c = {c}: speedup over α (left) and over α × k (right)",
-        "alpha": "acceptance rate α", "speedup": "speedup E / (1 + k·c)", "k": "draft length k",
-        "line_k": "k = {k}", "e_line": "E tokens per pass, k = {k}", "breakeven": "no gain (speedup 1)",
-        "spec_hover": "α = %{x:.2f} · k = {k}<br>speedup %{y:.3f}×<extra></extra>",
-        "heat_hover": "α = %{x:.2f} · k = %{y}<br>speedup %{z:.3f}×<extra></extra>",
-        "chosen": "α = {a}, k = {k}: E = {e}, speedup {s}×",
-        "no_data": "No data for this choice.",
-    },
-    "ru": {
-        "kv_title": "KV-кэш на токен (левая ось) и на последовательность из {ctx} токенов (правая ось)",
-        "per_token": "на токен", "per_seq": "на последовательность ({ctx} ток.)",
-        "kv_hover": "<b>{model}</b> · {dtype}<br>{tok} на токен<br>{seq} на последовательность из {ctx} токенов<br>"
-                    "{batch} на батч из {b}",
-        "fit_title": "{model} в {dtype}, контекст {ctx} ток.: сколько последовательностей помещается рядом с весами",
-        "gib": "память (ГиБ)",
-        "weights": "веса", "reserve": "резерв ({pct}% на активации, среду выполнения, фрагментацию)",
-        "kv": "KV-кэш поместившихся последовательностей", "unused": "остаток (меньше одной последовательности)",
-        "capacity": "объём",
-        "fit_n": "{n} посл.", "no_fit": "веса не помещаются", "no_kv": "нет места под KV",
-        "fit_hover": "<b>{gpu}</b><br>объём {mem}<br>веса {w}<br>резерв {r}<br>остаётся под KV {free}<br>"
-                     "KV на последовательность {kv}<br><b>последовательностей: {n}</b>",
-        "step_title": "Нижняя граница шага декодирования: (веса + чтение KV) / пропускная способность, "
-                      "батч {b}, контекст {ctx} ток.",
-        "ms": "мс на шаг декодирования (лог.)",
-        "step_hover": "<b>{gpu}</b> · {dtype}<br>веса {w} + чтение KV {kv} = {tot}<br>÷ {bw}/с = <b>{t}</b><br>"
-                      "≤ {tps} токенов/с на последовательность",
-        "no_room": "не помещается в памяти",
-        "roof_title": "Roofline для {gpu} ({dtype}): где находятся декодирование и префилл",
-        "x": "арифметическая интенсивность (FLOP / байт)", "y": "достижимые FLOP/s",
-        "roof": "крыша = min(пик, пропускная способность × интенсивность)",
-        "ridge": "перегиб {r} FLOP/Б",
-        "decode_b": "декодирование, батч {b}", "prefill_n": "префилл, {n}",
-        "decode_dtypes": "декодирование, батч 1, другие типы",
-        "pt_hover": "<b>{name}</b><br>{flops} FLOP на {bytes}<br>интенсивность {i} FLOP/Б<br>"
-                    "достижимо {att}FLOP/s ({bound})",
-        "mem_bound": "упор в память", "compute_bound": "упор в вычисления",
-        "spec_title": "Спекулятивное декодирование, стоимость черновика c = {c}: ускорение по α (слева) "
-                      "и по α × k (справа)",
-        "alpha": "доля принятых α", "speedup": "ускорение E / (1 + k·c)", "k": "длина черновика k",
-        "line_k": "k = {k}", "e_line": "E токенов за проход, k = {k}", "breakeven": "без выигрыша (ускорение 1)",
-        "spec_hover": "α = %{x:.2f} · k = {k}<br>ускорение %{y:.3f}×<extra></extra>",
-        "heat_hover": "α = %{x:.2f} · k = %{y}<br>ускорение %{z:.3f}×<extra></extra>",
-        "chosen": "α = {a}, k = {k}: E = {e}, ускорение {s}×",
-        "no_data": "Для такого выбора данных нет.",
-    },
-}
 
 BYTE_UNITS = {"en": ["B", "KiB", "MiB", "GiB", "TiB", "PiB"], "ru": ["Б", "КиБ", "МиБ", "ГиБ", "ТиБ", "ПиБ"]}
 
 
 def _t(lang: str) -> dict:
-    return TEXT.get(lang, TEXT["en"])
+    return texts("calc_chart", lang)
 
 
 # ---- number formatting (shared with the formulas in app.calculators) ------------------------------------

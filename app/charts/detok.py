@@ -6,30 +6,12 @@ from typing import Any
 from .common import empty, figure, layout
 from .sampling import plot_label, plot_text
 from .common import field as _g
+from ..i18n import texts
 
 UIREV = "chart-detok"
 HELD_FILL = "#FFF4D6"
 STOP_FILL = "#FDE2E2"
 ROW_FILL = "white"
-
-TEXT = {
-    "en": {
-        "title": "Detokenizer: the last {n} tokens of sequence {seq}",
-        "empty_title": "Detokenizer",
-        "empty": "No token sampled for this sequence yet: press Step.",
-        "cols": ["step", "token id", "token", "bytes (hex)", "emitted text", "held back", "stop string"],
-        "matched": "matched",
-    },
-    "ru": {
-        "title": "Детокенизатор: последние {n} токенов последовательности {seq}",
-        "empty_title": "Детокенизатор",
-        "empty": "Для этой последовательности токен ещё не выбран: нажмите «Шаг».",
-        "cols": ["шаг", "id токена", "токен", "байты (hex)", "выданный текст", "придержано", "стоп-строка"],
-        "matched": "совпала",
-    },
-}
-
-
 
 
 def seq_steps(events, seq_id: int) -> list[tuple[int, Any]]:
@@ -90,4 +72,4 @@ def detok_table(events, seq_id: int, last_n: int = 12, lang: str = "en") -> dict
 
 
 def _t(lang: str) -> dict:
-    return TEXT.get(lang, TEXT["en"])
+    return texts("detok", lang)

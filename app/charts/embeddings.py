@@ -5,6 +5,7 @@ import numpy as np
 
 from .attention import SUBTITLE, SUBTITLE_PX, context_len, count_text, plain, seq_events
 from .common import LABEL_CHARS, empty, figure, label_px, layout, legend_key, to_np
+from ..i18n import texts
 
 MAX_POINTS = 512
 # Only the newest tokens carry a text label (every point has its token on hover): a hundred labels piled up
@@ -13,40 +14,9 @@ PCA_LABELS = 24
 PROMPT_COLOR = "#4C78A8"
 GENERATED_COLOR = "#F58518"
 
-TEXT = {
-    "en": {
-        "pca_title": "Input embeddings of the sequence, PCA to 2-D ({n} tokens)",
-        "pca_labels": "labels: the newest {k} tokens; hover a point for any token",
-        "pca_empty": "Nothing captured yet: the engine records embeddings only for steps taken while this panel is in view (one engine serves the whole room). Press Step",
-        "pc": "PC{k} ({pct:.1f}% of variance)",
-        "prompt": "prompt",
-        "generated": "generated",
-        "position": "position",
-        "nb_title": "Nearest tokens to {tok} (cosine of input embeddings)",
-        "nb_empty": "Pick a token to see its nearest neighbours in the embedding table",
-        "cosine": "Cosine similarity",
-        "token": "Token",
-        "freed": "embeddings of {n} positions not kept (capture budget)",
-    },
-    "ru": {
-        "pca_title": "Входные эмбеддинги последовательности, PCA в 2-D (токенов: {n})",
-        "pca_labels": "подписано последних токенов: {k}; наведите на точку, чтобы увидеть любой",
-        "pca_empty": "Пока ничего не записано: движок записывает эмбеддинги только на шагах, сделанных, пока эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»",
-        "pc": "ГК{k} ({pct:.1f}% дисперсии)",
-        "prompt": "промпт",
-        "generated": "сгенерировано",
-        "position": "позиция",
-        "nb_title": "Ближайшие к {tok} токены (косинус входных эмбеддингов)",
-        "nb_empty": "Выберите токен, чтобы увидеть его ближайших соседей в таблице эмбеддингов",
-        "cosine": "Косинусное сходство",
-        "token": "Токен",
-        "freed": "эмбеддинги {n} позиций не сохранены (бюджет захвата)",
-    },
-}
-
 
 def _tr(lang: str) -> dict:
-    return TEXT[lang if lang in TEXT else "en"]
+    return texts("emb", lang)
 
 
 def _eigen_desc(gram: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:

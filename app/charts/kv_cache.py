@@ -9,6 +9,7 @@ import math
 
 from .common import FREE, GREY, SEQ_COLORS, empty, figure, layout, seq_color
 from .common import field as _g
+from ..i18n import texts
 
 COLS = 32  # blocks per grid row: block id = row * COLS + col
 UIREV_POOL = "chart-kv-pool"
@@ -26,75 +27,9 @@ ORPHAN_COLOR = "#555555"
 MEM_COLORS = {"used": "#4C78A8", "cached": GREY, "free": FREE, "stored": "#54A24B", "paged_waste": "#F58518",
               "naive_waste": "#E45756"}
 
-TEXT = {
-    "en": {
-        "pool": "KV block pool",
-        "pool_title": "KV block pool: {used} used · {cached} cached · {free} free of {n} blocks × {bs} tokens",
-        "no_event": "Step the engine to see the KV block pool.",
-        "state": {"used": "used", "cached": "cached", "free": "free"},
-        "legend_cached": "cached (free, prefix kept)",
-        "seq": "seq",
-        "block": "block",
-        "refcount": "refcount",
-        "owners": "owners",
-        "hashed": "hashed (full, reusable prefix)",
-        "yes": "yes", "no": "no",
-        "col": "block id mod 32",
-        "row": "blocks",
-        "tables": "Block tables",
-        "tables_title": "Block tables: logical block → physical block",
-        "no_tables": "No sequence holds KV blocks right now.",
-        "logical": "logical block",
-        "logical_axis": "logical block i (holds tokens i·{bs} … i·{bs}+{last})",
-        "tokens": "tokens",
-        "shared_by": "shared by seqs",
-        "memory": "KV memory",
-        "memory_title": "KV memory: paged pool vs a naive contiguous allocator",
-        "rows": ["paged pool", "paged: used blocks", "naive contiguous"],
-        "used": "used blocks", "cached": "cached (reusable prefix)", "free_": "free",
-        "stored": "tokens stored (paged: shared prefixes once)", "paged_waste": "paged: unused slots in last blocks",
-        "naive_waste": "naive: reserved for max_tokens, unused",
-        "pool_size": "pool size",
-        "bytes": "bytes",
-    },
-    "ru": {
-        "pool": "Пул блоков KV",
-        "pool_title": "Пул блоков KV: {used} занято · {cached} в кэше · {free} свободно из {n} блоков × {bs} токенов",
-        "no_event": "Сделайте шаг, чтобы увидеть пул блоков KV.",
-        "state": {"used": "занят", "cached": "в кэше", "free": "свободен"},
-        "legend_cached": "в кэше (свободен, префикс сохранён)",
-        "seq": "посл.",
-        "block": "блок",
-        "refcount": "ссылок",
-        "owners": "владельцы",
-        "hashed": "хеширован (полный, переиспользуемый префикс)",
-        "yes": "да", "no": "нет",
-        "col": "номер блока mod 32",
-        "row": "блоки",
-        "tables": "Таблицы блоков",
-        "tables_title": "Таблицы блоков: логический блок → физический блок",
-        "no_tables": "Сейчас ни одна последовательность не держит блоков KV.",
-        "logical": "логический блок",
-        "logical_axis": "логический блок i (токены i·{bs} … i·{bs}+{last})",
-        "tokens": "токены",
-        "shared_by": "общий для посл.",
-        "memory": "Память KV",
-        "memory_title": "Память KV: страничный пул против наивного непрерывного выделения",
-        "rows": ["страничный пул", "страничный: занятые блоки", "наивный непрерывный"],
-        "used": "занятые блоки", "cached": "в кэше (префиксы)", "free_": "свободно",
-        "stored": "хранимые токены (страничный: общий префикс один раз)",
-        "paged_waste": "страничный: пустые слоты последних блоков",
-        "naive_waste": "наивный: зарезервировано под max_tokens, не занято",
-        "pool_size": "размер пула",
-        "bytes": "байты",
-    },
-}
-
 
 def _t(lang: str) -> dict:
-    return TEXT.get(lang, TEXT["en"])
-
-
+    return texts("kv", lang)
 
 
 def discrete_colorscale() -> list:

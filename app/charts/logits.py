@@ -7,6 +7,7 @@ import numpy as np
 
 from .attention import plain, seq_events
 from .common import ACCENT, BAR, DOTS, LABEL_CHARS, LINE, empty, figure, label_px, layout, legend_key, rotated_px, shorten
+from ..i18n import texts
 
 MAX_POINTS = 512
 LOGIT_COLOR = "#4C78A8"
@@ -15,56 +16,9 @@ FINAL_COLOR = "#F58518"
 CHOSEN_COLOR = ACCENT
 LN2 = math.log(2.0)
 
-TEXT = {
-    "en": {
-        "title": "Next token: raw logits and probabilities",
-        "empty": "Step the engine to see the next-token logits",
-        "stats": "entropy {nats:.2f} nats = {bits:.2f} bits",
-        "chosen": "chosen {tok}: rank {rank}, p = {p:.3f}",
-        "forced": " (forced)",
-        "logit": "Logit (raw)",
-        "prob": "Probability",
-        "softmax": "softmax(logits)",
-        "final": "after sampling chain",
-        "token": "token",
-        "ppl_title": "Log-probability of each generated token · perplexity {ppl:.2f} over {n}",
-        "ppl_name": "Log-probability and perplexity",
-        "ppl_empty": "Generate a few tokens to see their log-probabilities and perplexity",
-        "logprob": "log p(token)",
-        "expected": "expected log p (−entropy)",
-        "running": "running perplexity",
-        "x": "Generated token",
-        "y": "nats",
-        "y2": "Perplexity",
-        "entropy": "entropy",
-    },
-    "ru": {
-        "title": "Следующий токен: сырые логиты и вероятности",
-        "empty": "Сделайте шаг движка, чтобы увидеть логиты следующего токена",
-        "stats": "энтропия {nats:.2f} нат = {bits:.2f} бит",
-        "chosen": "выбран {tok}: ранг {rank}, p = {p:.3f}",
-        "forced": " (принудительно)",
-        "logit": "Логит (сырой)",
-        "prob": "Вероятность",
-        "softmax": "softmax(логиты)",
-        "final": "после цепочки сэмплинга",
-        "token": "токен",
-        "ppl_title": "Лог-вероятности токенов ответа · перплексия {ppl:.2f} по {n}",
-        "ppl_name": "Лог-вероятности и перплексия",
-        "ppl_empty": "Сгенерируйте несколько токенов, чтобы увидеть их лог-вероятности и перплексию",
-        "logprob": "log p(токен)",
-        "expected": "ожидаемый log p (−энтропия)",
-        "running": "накопленная перплексия",
-        "x": "Сгенерированный токен",
-        "y": "наты",
-        "y2": "Перплексия",
-        "entropy": "энтропия",
-    },
-}
-
 
 def _tr(lang: str) -> dict:
-    return TEXT[lang if lang in TEXT else "en"]
+    return texts("logits", lang)
 
 
 def id_label(text: str, token_id: int) -> str:

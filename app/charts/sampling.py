@@ -7,6 +7,7 @@ uniform number u, the chosen token and the cumulative distribution in draw order
 from __future__ import annotations
 
 from .common import ACCENT, GREY, LABEL_CHARS, empty, figure, label_px, layout, rotated_px, token_label
+from ..i18n import texts
 
 CHAIN_ORDER = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
 KEPT_COLOR = "#4C78A8"
@@ -15,62 +16,13 @@ U_COLOR = "#FF7F0E"
 UIREV_CHAIN = "chart-sampling"
 UIREV_CDF = "chart-cdf"
 
-TEXT = {
-    "en": {
-        "chain": "Sampling chain",
-        "chain_title": "Sampling chain → {tok} (p = {p:.3f}, raw rank {rank})",
-        "what_if": "what-if (not applied until the next step)",
-        "what_if_badge": "WHAT-IF",
-        "no_trace": "Step the engine: the sampling chain appears once a token is sampled.",
-        "off": "off",
-        "kept": "kept",
-        "removed": "removed",
-        "prob": "probability",
-        "removed_mass": "removed",
-        "cdf": "Inverse-CDF draw",
-        "cdf_title": "Inverse-CDF draw: u = {u:.4f} → {tok} (p = {p:.3f})",
-        "greedy": "temperature 0: argmax, no draw",
-        "greedy_title": "Greedy: {tok} (temperature 0: argmax, no draw)",
-        "cum": "cumulative probability",
-        "draw_order": "surviving tokens in draw order (most probable first)",
-        "tail": "{m:.1%} of the mass lies in untracked tokens",
-        "chosen": "chosen",
-        "stage": "stage",
-        "tokens_axis": "tracked tokens (top by logit + the chosen one)",
-        "stage_hover": "{name}: {kept:,} of {vocab:,} tokens kept; {removed:.1%} of the probability mass removed",
-    },
-    "ru": {
-        "chain": "Цепочка сэмплирования",
-        "chain_title": "Цепочка сэмплирования → {tok} (p = {p:.3f}, ранг по логитам {rank})",
-        "what_if": "что-если (применится только со следующего шага)",
-        "what_if_badge": "ЧТО-ЕСЛИ",
-        "no_trace": "Сделайте шаг: цепочка появится, когда будет выбран токен.",
-        "off": "выкл.",
-        "kept": "оставлен",
-        "removed": "отсечён",
-        "prob": "вероятность",
-        "removed_mass": "отсечено",
-        "cdf": "Выбор по обратной CDF",
-        "cdf_title": "Выбор по обратной CDF: u = {u:.4f} → {tok} (p = {p:.3f})",
-        "greedy": "температура 0: argmax, без розыгрыша",
-        "greedy_title": "Жадно: {tok} (температура 0: argmax, без розыгрыша)",
-        "cum": "накопленная вероятность",
-        "draw_order": "оставшиеся токены в порядке розыгрыша (самые вероятные первыми)",
-        "tail": "{m:.1%} массы приходится на неотслеживаемые токены",
-        "chosen": "выбран",
-        "stage": "этап",
-        "tokens_axis": "отслеживаемые токены (лучшие по логиту + выбранный)",
-        "stage_hover": "{name}: осталось {kept:,} из {vocab:,} токенов; убрано {removed:.1%} вероятностной массы",
-    },
-}
-
 
 HEADER_ROW = 28  # px between the two rows of stage headers (two lines of 10 px text each)
 COLUMN_GAP = 0.2  # between two stages' columns, as a fraction of a column's width
 
 
 def _t(lang: str) -> dict:
-    return TEXT.get(lang, TEXT["en"])
+    return texts("sampling", lang)
 
 
 def plot_text(text: str) -> str:

@@ -11,6 +11,7 @@ from engine.metrics import expected_tokens_per_pass
 from .common import ACCENT, empty, figure, layout
 from .common import field as _g
 from .sampling import plot_label, plot_text
+from ..i18n import texts
 
 ACCEPTED = "#2CA02C"
 REJECTED = "#D62728"
@@ -33,96 +34,6 @@ MAX_LABELLED_ROUNDS = 30  # beyond this the token labels overlap; hover still te
 MAX_PQ_PANELS = 6
 DROPPED_OPACITY = 0.3
 
-TEXT = {
-    "en": {
-        "rounds": "Speculative rounds",
-        "rounds_title": "Speculative rounds: {n} rounds, {acc}/{drafted} drafts accepted, {tok} tokens",
-        "no_rounds": "Start a request with speculative decoding and step the engine to see its rounds.",
-        "round": "round (decode step)", "slot": "position in the round",
-        "kinds": {"accepted": "draft accepted", "rejected": "draft rejected", "unchecked": "draft not checked",
-                  "bonus": "bonus token (all accepted, drawn from p)",
-                  "resampled": "resampled from norm(max(p − q, 0))",
-                  "sampled": "no drafts: sampled as usual", "forced": "forced token"},
-        "step": "step", "token": "token", "dropped": "dropped (stop/EOS/max_tokens cut the round)",
-        "pq": "p vs q",
-        "pq_title": "Round at step {step}: target p vs draft q at each drafted position",
-        "pq_title_nostep": "Target p vs draft q at each drafted position",
-        "no_pq": "No drafts verified in this round (no n-gram match, or the last token of max_tokens).",
-        "no_dists": "Probabilities per position are recorded in traced steps (Step button), not in Run.",
-        "pos": "pos {i}", "draft": "draft", "bonus_pos": "bonus",
-        "p": "p (target)", "q": "q (draft)", "residual": "residual norm(max(p − q, 0))",
-        "verdict": {"accepted": "accepted", "rejected": "rejected", "unchecked": "not checked"},
-        "prob": "probability",
-        "alpha": "Acceptance by draft position",
-        "alpha_title": "Acceptance rate α by draft position (overall α = {a:.2f})",
-        "no_alpha": "No drafts have been verified yet.",
-        "position": "draft position", "rate": "α = accepted / checked",
-        "overall": "overall α",
-        "acc_hover": "accepted {a} / checked {r} (drafted {p})",
-        "pass_hover": "{t:.2f} tokens / pass",
-        "pass_counts": "rounds {n} · accepted {a} / checked {r}",
-        "speed_hover": "{n} tokens in {s} s of decoding<br>{v} tok/s",
-        "pass": "Tokens per target pass",
-        "pass_title": "Tokens per target pass: measured {m:.2f}, formula {f:.2f} (α = {a:.2f}, mean k = {k:.1f})",
-        "no_pass": "No speculative rounds yet.",
-        "formula": "(1 − α^(k+1)) / (1 − α), k = {k}",
-        "measured": "measured (tokens per round)", "expected": "formula at the measured α and each round's k",
-        "alpha_axis": "acceptance rate α", "tokens_axis": "tokens per target pass",
-        "speedup": "Speed-up over plain decoding",
-        "speedup_title": "{method}, k = {k}: {s:.2f}× plain decoding ({same})",
-        "same": "same tokens", "different": "different tokens (sampling)",
-        "no_speedup": "Run the comparison to measure the speed-up.",
-        "plain": "plain decoding", "speculative": "speculative ({method})",
-        "tok_s": "decode tok/s",
-        "table": "Speculative vs plain decoding",
-        "cols": ["prompt", "drafter", "k", "plain tok/s", "spec tok/s", "speed-up", "α",
-                 "tokens / pass", "formula", "same ids"],
-    },
-    "ru": {
-        "rounds": "Раунды спекулятивного декодирования",
-        "rounds_title": "Раунды: {n}, принято черновиков {acc}/{drafted}, токенов {tok}",
-        "no_rounds": "Запустите запрос со спекулятивным декодированием и сделайте шаг, чтобы увидеть раунды.",
-        "round": "раунд (шаг декодирования)", "slot": "позиция в раунде",
-        "kinds": {"accepted": "черновик принят", "rejected": "черновик отклонён", "unchecked": "черновик не проверялся",
-                  "bonus": "бонусный токен (все приняты, из p)",
-                  "resampled": "перевыбран из norm(max(p − q, 0))",
-                  "sampled": "без черновиков: обычный выбор", "forced": "навязанный токен"},
-        "step": "шаг", "token": "токен", "dropped": "отброшен (стоп/EOS/max_tokens оборвали раунд)",
-        "pq": "p и q",
-        "pq_title": "Раунд на шаге {step}: p целевой модели и q черновика по позициям",
-        "pq_title_nostep": "p целевой модели и q черновика по позициям",
-        "no_pq": "В этом раунде нечего проверять (нет совпадения n-граммы или это последний токен max_tokens).",
-        "no_dists": "Вероятности по позициям записываются в трассируемых шагах (кнопка «Шаг»), не в «Запуске».",
-        "pos": "поз. {i}", "draft": "черновик", "bonus_pos": "бонус",
-        "p": "p (целевая)", "q": "q (черновик)", "residual": "остаток norm(max(p − q, 0))",
-        "verdict": {"accepted": "принят", "rejected": "отклонён", "unchecked": "не проверялся"},
-        "prob": "вероятность",
-        "alpha": "Принятие по позициям",
-        "alpha_title": "Доля принятых α по позиции черновика (общая α = {a:.2f})",
-        "no_alpha": "Черновики ещё не проверялись.",
-        "position": "позиция черновика", "rate": "α = принято / проверено",
-        "overall": "общая α",
-        "acc_hover": "принято {a} / проверено {r} (предложено {p})",
-        "pass_hover": "{t:.2f} токенов за проход",
-        "pass_counts": "раундов {n} · принято {a} / проверено {r}",
-        "speed_hover": "{n} токенов за {s} с декодирования<br>{v} ток/с",
-        "pass": "Токенов за проход целевой модели",
-        "pass_title": "Токенов за проход: измерено {m:.2f}, по формуле {f:.2f} (α = {a:.2f}, средний k = {k:.1f})",
-        "no_pass": "Спекулятивных раундов ещё не было.",
-        "formula": "(1 − α^(k+1)) / (1 − α), k = {k}",
-        "measured": "измерено (токенов за раунд)", "expected": "формула при измеренной α и k каждого раунда",
-        "alpha_axis": "доля принятых α", "tokens_axis": "токенов за проход",
-        "speedup": "Ускорение относительно обычного декодирования",
-        "speedup_title": "{method}, k = {k}: {s:.2f}× от обычного декодирования ({same})",
-        "same": "те же токены", "different": "другие токены (сэмплирование)",
-        "no_speedup": "Запустите сравнение, чтобы измерить ускорение.",
-        "plain": "обычное декодирование", "speculative": "спекулятивное ({method})",
-        "tok_s": "ток/с при декодировании",
-        "table": "Спекулятивное и обычное декодирование",
-        "cols": ["запрос", "черновик", "k", "обычн. ток/с", "спек. ток/с", "ускорение", "α",
-                 "токенов / проход", "формула", "те же id"],
-    },
-}
 
 KIND_STYLE = {  # marker colour and symbol per kind of cell on the rounds timeline
     "accepted": (ACCEPTED, "square"), "rejected": (REJECTED, "square-x"), "unchecked": (UNCHECKED, "square"),
@@ -132,7 +43,7 @@ KIND_STYLE = {  # marker colour and symbol per kind of cell on the rounds timeli
 
 
 def _t(lang: str) -> dict:
-    return TEXT.get(lang, TEXT["en"])
+    return texts("spec", lang)
 
 
 def _f(v, digits: int = 3) -> str:

@@ -9,6 +9,7 @@ import math
 
 from .common import GREY, empty, figure, layout
 from .common import field as _g
+from ..i18n import texts
 
 UIREV_TIMELINE = "chart-timeline"
 UIREV_LATENCY = "chart-latency"
@@ -16,64 +17,9 @@ UIREV_ROOFLINE = "chart-roofline"
 KIND_COLORS = {"prefill": "#6A51A3", "decode": "#2CA02C", "mixed": "#FF7F0E", "idle": GREY}
 ROOF_COLOR = "#444444"
 
-TEXT = {
-    "en": {
-        "timeline": "Step timeline",
-        "timeline_title": "Step timeline: duration of each engine step",
-        "no_steps": "Step the engine to see the timeline.",
-        "step": "step", "ms": "step time (ms)",
-        "kinds": {"prefill": "prefill", "decode": "decode", "mixed": "mixed (prefill + decode)", "idle": "idle"},
-        "tok": "tok", "seq": "seq",
-        "forward": "forward", "sample": "sample", "schedule": "schedule",
-        "preempted": "preempted", "admitted": "admitted", "finished": "finished",
-        "latency": "Latency per sequence",
-        "latency_title": "Latency per sequence (engine time: sum of step durations, idle time excluded)",
-        "cols": ["seq", "TTFT (ms)", "mean TPOT / ITL (ms)", "tokens generated", "tok/s (1 / mean ITL)", "status"],
-        "running": "running",
-        "roofline": "Roofline",
-        "roofline_title": "Roofline of this machine<br><span style='font-size:11px;color:#555'>each step's "
-                          "arithmetic intensity vs achieved FLOP/s</span>",
-        "no_roof": "No forward pass measured yet: step the engine.",
-        "bad_machine": "The machine's bandwidth and peak FLOP/s are not known yet.",
-        "x": "arithmetic intensity (FLOP / byte moved)", "y": "achieved FLOP/s (forward pass)",
-        "roof": "roof = min(peak, bandwidth × intensity)",
-        "ridge": "ridge {r:.1f} FLOP/B",
-        "mem_bound": "memory-bound: {bw}/s", "compute_bound": "compute peak: {pf}",
-        "of_roof": "of the roof",
-    },
-    "ru": {
-        "timeline": "Шкала шагов",
-        "timeline_title": "Шкала шагов: длительность каждого шага движка",
-        "no_steps": "Сделайте шаг, чтобы увидеть шкалу.",
-        "step": "шаг", "ms": "время шага (мс)",
-        "kinds": {"prefill": "префилл", "decode": "декодирование", "mixed": "смешанный (префилл + декод)",
-                  "idle": "простой"},
-        "tok": "ток.", "seq": "посл.",
-        "forward": "прямой проход", "sample": "сэмплирование", "schedule": "планирование",
-        "preempted": "вытеснены", "admitted": "приняты", "finished": "завершены",
-        "latency": "Задержки по последовательностям",
-        "latency_title": "Задержки (время движка: сумма длительностей шагов, простой не учитывается)",
-        "cols": ["посл.", "TTFT (мс)", "средний TPOT / ITL (мс)", "сгенерировано токенов", "ток/с (1 / ITL)",
-                 "статус"],
-        "running": "идёт",
-        "roofline": "Roofline",
-        "roofline_title": "Roofline этой машины<br><span style='font-size:11px;color:#555'>арифметическая "
-                          "интенсивность шага и достигнутые FLOP/s</span>",
-        "no_roof": "Прямых проходов ещё не было: сделайте шаг.",
-        "bad_machine": "Пропускная способность памяти и пиковые FLOP/s машины ещё не измерены.",
-        "x": "арифметическая интенсивность (FLOP / байт)", "y": "достигнутые FLOP/s (прямой проход)",
-        "roof": "крыша = min(пик, пропускная способность × интенсивность)",
-        "ridge": "перегиб {r:.1f} FLOP/Б",
-        "mem_bound": "упор в память: {bw}/с", "compute_bound": "пик вычислений: {pf}",
-        "of_roof": "от крыши",
-    },
-}
-
 
 def _t(lang: str) -> dict:
-    return TEXT.get(lang, TEXT["en"])
-
-
+    return texts("timeline", lang)
 
 
 def step_kind(event) -> str:

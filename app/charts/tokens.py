@@ -3,40 +3,14 @@ from __future__ import annotations
 
 from .attention import plain
 from .common import LABEL_CHARS, empty, figure, layout, rotated_px
+from ..i18n import texts
 
 MAX_TOKENS = 1024
 COLORS = {"prompt": "#4C78A8", "special": "#B279A2", "generated": "#F58518"}
 
-TEXT = {
-    "en": {
-        "title": "Bytes per token · mean {mean:.2f}",
-        "empty_title": "Bytes per token",
-        "empty": "Enter a prompt to see how many bytes each token covers",
-        "prompt": "prompt",
-        "special": "special",
-        "generated": "generated",
-        "x": "Token position",
-        "y": "UTF-8 bytes",
-        "bytes": "bytes",
-        "mean": "mean",
-    },
-    "ru": {
-        "title": "Байт на токен · в среднем {mean:.2f}",
-        "empty_title": "Байт на токен",
-        "empty": "Введите промпт, чтобы увидеть, сколько байт покрывает каждый токен",
-        "prompt": "промпт",
-        "special": "служебный",
-        "generated": "сгенерировано",
-        "x": "Позиция токена",
-        "y": "Байт UTF-8",
-        "bytes": "байт",
-        "mean": "среднее",
-    },
-}
-
 
 def _tr(lang: str) -> dict:
-    return TEXT[lang if lang in TEXT else "en"]
+    return texts("bytes_chart", lang)
 
 
 def num_bytes(info: dict) -> int:

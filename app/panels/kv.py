@@ -7,33 +7,7 @@ from __future__ import annotations
 
 import html
 from ..charts.common import field as _g
-
-TEXT = {
-    "en": {
-        "empty": "Step the engine to fill in the KV-cache formula.",
-        "layers": "layers", "kv_heads": "KV heads", "head_dim": "head dim",
-        "per_token": "per token",
-        "block": "block of {bs} tokens", "pool": "pool = {n} blocks",
-        "hit_rate": "prefix-cache hit rate", "hit_detail": "{hit} of {q} prompt tokens found cached",
-        "saved": "prefill tokens saved", "evictions": "evictions (cached blocks reused for new data)",
-        "preemptions": "preemptions (sequences sent back to wait, KV freed)",
-        "cow": "copy-on-write block copies", "shared": "blocks shared right now",
-        "note": "K and V (×2) for every layer and KV head",
-    },
-    "ru": {
-        "empty": "Сделайте шаг, чтобы заполнить формулу KV-кэша.",
-        "layers": "слоёв", "kv_heads": "KV-голов", "head_dim": "размер головы",
-        "per_token": "на токен",
-        "block": "блок из {bs} токенов", "pool": "пул = {n} блоков",
-        "hit_rate": "доля попаданий в префиксный кэш", "hit_detail": "{hit} из {q} токенов запроса уже были в кэше",
-        "saved": "сэкономлено токенов префилла", "evictions": "вытеснения (блоки кэша отданы под новые данные)",
-        "preemptions": "вытеснения последовательностей (отправлены ждать, KV освобождён)",
-        "cow": "копирования при записи (COW)", "shared": "общих блоков сейчас",
-        "note": "K и V (×2) для каждого слоя и KV-головы",
-    },
-}
-
-
+from ..i18n import texts
 
 
 def _size(b: float) -> str:
@@ -54,7 +28,7 @@ def _num(v) -> str:
 
 
 def kv_formula_html(event, lang: str = "en") -> str:
-    tx = TEXT.get(lang, TEXT["en"])
+    tx = texts("kv_panel", lang)
     kv = _g(event, "kv", None) if event is not None else None
     if not kv:
         return f'<div class="il-kv il-kv-empty">{html.escape(tx["empty"])}</div>'

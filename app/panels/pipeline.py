@@ -8,31 +8,9 @@ from __future__ import annotations
 
 import html
 from ..charts.common import field as _g
+from ..i18n import texts
 
 STAGES = ("template", "tokens", "embeddings", "layers", "logits", "sampling", "detokenizer", "stream")
-
-TEXT = {
-    "en": {
-        "names": {"template": "Chat template", "tokens": "Tokens", "embeddings": "Embeddings",
-                  "layers": "Transformer layers", "logits": "Logits", "sampling": "Sampling",
-                  "detokenizer": "Detokenizer", "stream": "Stream"},
-        "none": "no step yet: enter a prompt and press Step",
-        "step": "step", "idle": "idle (nothing scheduled)",
-        "prefill": "prefill {n} tok", "decode": "decode {n} seqs", "decode1": "decode 1 seq",
-        "preempted": "preempted {ids}", "finished": "finished {ids}",
-    },
-    "ru": {
-        "names": {"template": "Шаблон чата", "tokens": "Токены", "embeddings": "Эмбеддинги",
-                  "layers": "Слои трансформера", "logits": "Логиты", "sampling": "Сэмплирование",
-                  "detokenizer": "Детокенизатор", "stream": "Поток"},
-        "none": "шагов ещё не было: введите запрос и нажмите «Шаг»",
-        "step": "шаг", "idle": "простой (нечего планировать)",
-        "prefill": "префилл {n} ток.", "decode": "декод {n} посл.", "decode1": "декод 1 посл.",
-        "preempted": "вытеснены {ids}", "finished": "завершены {ids}",
-    },
-}
-
-
 
 
 def lit_stages(event) -> set[str]:
@@ -55,7 +33,7 @@ def lit_stages(event) -> set[str]:
 
 
 def pipeline_summary(event, lang: str = "en") -> str:
-    tx = TEXT.get(lang, TEXT["en"])
+    tx = texts("pipeline", lang)
     if event is None:
         return tx["none"]
     seqs = _g(event, "seqs", []) or []
@@ -77,7 +55,7 @@ def pipeline_summary(event, lang: str = "en") -> str:
 
 
 def pipeline_html(event, lang: str = "en") -> str:
-    tx = TEXT.get(lang, TEXT["en"])
+    tx = texts("pipeline", lang)
     lit = lit_stages(event)
     cells = []
     for i, key in enumerate(STAGES, 1):

@@ -9,19 +9,7 @@ from __future__ import annotations
 
 import html
 from ..charts.common import field as _g
-
-TEXT = {
-    "en": {"empty": "Nothing streamed yet for sequence {seq}.",
-           "held": "held back by the detokenizer: a possible stop-string prefix or an incomplete UTF-8 character",
-           "finish": {"eos": "eos", "stop": "stop", "length": "length", "abort": "abort"},
-           "finish_title": "finished: {r}"},
-    "ru": {"empty": "Последовательность {seq} ещё ничего не выдала.",
-           "held": "придержано детокенизатором: возможное начало стоп-строки или неполный символ UTF-8",
-           "finish": {"eos": "eos", "stop": "стоп", "length": "длина", "abort": "прервано"},
-           "finish_title": "завершено: {r}"},
-}
-
-
+from ..i18n import texts
 
 
 def _seq_events(events, seq_id: int) -> list:
@@ -39,7 +27,7 @@ def streamed_text(events, seq_id: int) -> str:
 
 
 def stream_html(events, seq_id: int, lang: str = "en") -> str:
-    tx = TEXT.get(lang, TEXT["en"])
+    tx = texts("stream", lang)
     seqs = _seq_events(events, seq_id)
     sampled = [s for s in seqs if _g(s, "detok") is not None or _g(s, "emitted")]
     if not sampled:

@@ -8,64 +8,11 @@ from __future__ import annotations
 import html
 
 from app.charts.common import token_label
-
-TEXT = {
-    "en": {
-        "template_empty": "Enter a prompt to see the text the model reads",
-        "special": "special token",
-        "special_tokens": "special token · token {a}",
-        "implicit": "special token the tokenizer adds without text",
-        "chips_empty": "No tokens yet",
-        "counts": "{chars} characters · {nbytes} UTF-8 bytes · {tokens} tokens ({prompt} prompt + {gen} generated)"
-                  " · {bpt:.2f} bytes per token",
-        "pos": "pos",
-        "bytes": "bytes",
-        "piece": "piece",
-        "flag_special": "special",
-        "flag_fallback": "byte fallback",
-        "flag_partial": "partial UTF-8 (an incomplete character)",
-        "flag_generated": "generated",
-        "bpe_empty": "Type a word to see how BPE merges its bytes into tokens",
-        "step": "Step",
-        "merge": "Merge",
-        "symbols": "Symbols",
-        "initial": "initial symbols",
-        "whole": "whole pre-token taken from the vocabulary",
-        "rank": "rank",
-        "id": "id",
-        "not_in_vocab": "not in vocabulary",
-    },
-    "ru": {
-        "template_empty": "Введите промпт, чтобы увидеть текст, который читает модель",
-        "special": "служебный токен",
-        "special_tokens": "служебный токен · токен {a}",
-        "implicit": "служебный токен, который токенизатор добавляет без текста",
-        "chips_empty": "Токенов пока нет",
-        "counts": "{chars} символов · {nbytes} байт UTF-8 · {tokens} токенов ({prompt} промпт + {gen} сгенерировано)"
-                  " · {bpt:.2f} байт на токен",
-        "pos": "поз.",
-        "bytes": "байты",
-        "piece": "запись в словаре",
-        "flag_special": "служебный",
-        "flag_fallback": "байтовый запасной токен",
-        "flag_partial": "неполный UTF-8 (часть символа)",
-        "flag_generated": "сгенерирован",
-        "bpe_empty": "Введите слово, чтобы увидеть, как BPE склеивает его байты в токены",
-        "step": "Шаг",
-        "merge": "Слияние",
-        "symbols": "Символы",
-        "initial": "исходные символы",
-        "whole": "весь претокен взят из словаря целиком",
-        "rank": "ранг",
-        "id": "id",
-        "not_in_vocab": "нет в словаре",
-    },
-}
-
+from app.i18n import texts
 
 
 def _tr(lang: str) -> dict:
-    return TEXT[lang if lang in TEXT else "en"]
+    return texts("tokens", lang)
 
 
 def _esc(text: str) -> str:
