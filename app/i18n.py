@@ -222,6 +222,8 @@ UI = {
                   "ru": "вытеснен: пул KV был полон; запрос будет пересчитан"},
     # ---- the page's frame and lines the server writes (app/ui.py, app/handlers.py, app/render.py) ----
     "measuring": {"en": "measuring this machine…", "ru": "измеряем эту машину…"},
+    # app/charts/common.py fmt_bytes: binary units, as memory is sized
+    "byte_units": {"en": ("B", "KiB", "MiB", "GiB", "TiB", "PiB"), "ru": ("Б", "КиБ", "МиБ", "ГиБ", "ТиБ", "ПиБ")},
     "draw_failed": {"en": "This chart cannot be drawn from this trace (a value in it is malformed)",
                     "ru": "Этот график нельзя построить по этой записи (в ней испорчено значение)"},
     "bpe_summary": {"en": "How byte-level BPE builds «{word}», merge by merge",
@@ -586,7 +588,6 @@ UI = {
                            "ru": "внимание {n} более новых позиций не сохранено (бюджет захвата)"},
     "attn.lens_freed": {"en": "logit lens of {n} positions not kept (capture budget)",
                         "ru": "logit lens для {n} позиций не сохранён (бюджет захвата)"},
-    "attn.bytes": {"en": ("B", "KiB", "MiB", "GiB"), "ru": ("Б", "КиБ", "МиБ", "ГиБ")},
     # app/charts/calculators.py
     "calc_chart.kv_title": {"en": "KV cache per token (left axis) and per sequence of {ctx} tokens (right axis)",
                             "ru": "KV-кэш на токен (левая ось) и на последовательность из {ctx} токенов (правая ось)"},

@@ -3,7 +3,6 @@
 One small run (module fixture): request A (chunked prefill: 40 + 11 tokens), request B admitted later
 with a prefix-cache hit on the shared system prompt, one step with capture switched off.
 """
-import html
 import json
 import math
 import re
@@ -14,6 +13,7 @@ import torch
 
 from app.charts.common import EMPTY_LINE_CHARS, LABEL_CHARS, axis_title
 from app.charts import attention as A
+from app.charts.common import plain
 from app.charts import embeddings as E
 from app.charts import logits as LG
 from app.charts import tokens as TK
@@ -134,7 +134,7 @@ def test_attention_heatmap_values_labels_and_highlight(run):
         assert all(v is None for v in z[i][i + 1:])  # keys after the query: blank
     off_pos = run.events[run.off_step].seq(run.a).chunk_start
     assert all(v is None for v in z[off_pos])
-    assert tr["y"] == tr["x"] == [f"{q} {html.escape(A.token_label(texts[q]), quote=False)}" for q in range(n)]
+    assert tr["y"] == tr["x"] == [f"{q} {plain(texts[q])}" for q in range(n)]
     assert len(set(tr["y"])) == n  # repeated tokens keep their own rows
     assert fig["layout"]["yaxis"]["autorange"] == "reversed"
     assert "→" in tr["hovertemplate"] and "%{z" in tr["hovertemplate"]
@@ -216,11 +216,11 @@ def test_logit_lens_accumulates_positions_latest_wins(run):
         for layer in range(L):
             assert tr["z"][layer][j] == pytest.approx(float(probs[layer, 0]), abs=1e-5)
             # the top-1 token is written where it differs from the layer below, and in the first and last layer
-            top1 = html.escape(A.token_label(toks[layer][0]), quote=False)
+            top1 = plain(toks[layer][0])
             written = layer in (0, L - 1) or toks[layer][0] != toks[layer - 1][0]
             assert tr["text"][layer][j] == (top1 if written else "")
             for tok in toks[layer]:
-                assert html.escape(A.token_label(tok), quote=False) in tr["customdata"][layer][j]
+                assert plain(tok) in tr["customdata"][layer][j]
     # the last layer's lens is the model's real distribution: its top-1 is the greedy choice
     last = run.events[-1].seq(run.a)
     assert tr["z"][L - 1][-1] == pytest.approx(max(last.sampling["stages"][0]["probs"]), abs=1e-4)
@@ -255,7 +255,7 @@ def test_logits_chart_matches_the_sampling_trace(run):
         assert band["y0"] == k - 0.5 and band["y1"] == k + 0.5
         ticks = fig["layout"]["yaxis"]["ticktext"]
         assert ticks == [LG.id_label(x, i) for x, i in zip(smp["token_texts"], smp["token_ids"])]
-        assert all(tick.startswith(html.escape(A.token_label(x), quote=False)) for tick, x in
+        assert all(tick.startswith(plain(x)) for tick, x in
                    zip(ticks, smp["token_texts"]))
         title = fig["layout"]["title"]["text"]
         assert f"{stats['entropy']:.2f} nats" in title and f"{stats['entropy'] / math.log(2):.2f} bits" in title
@@ -315,7 +315,7 @@ def test_embedding_pca_reproduces_the_projection(run):
     for tr in fig["data"]:
         for px, py, (pos,), hover, label in zip(tr["x"], tr["y"], tr["customdata"], tr["hovertext"], tr["text"]):
             pts[pos] = (px, py)
-            assert hover == html.escape(A.token_label(texts[pos]), quote=False)
+            assert hover == plain(texts[pos])
             # only the newest tokens are written next to their point
             assert label == (hover if pos in newest else "")
     assert sorted(pts) == positions and len(positions) > E.PCA_LABELS

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from app.charts import detok, kv_cache, sampling, timeline
-from app.charts.common import ACCENT, GREY, SEQ_COLORS, seq_color, token_label
+from app.charts.common import ACCENT, GREY, SEQ_COLORS, fmt_bytes, plain, seq_color, token_label
 from app.panels import kv as kv_panel
 from app.panels import pipeline, stream
 from engine import SamplingParams
@@ -174,13 +174,13 @@ def test_detok_table_rows_equal_detok_steps(run):
     rows = rows[-12:]
     assert cols[0] == [st for st, _ in rows]
     assert cols[1] == [s.detok["token_id"] for _, s in rows] == [s.new_token for _, s in rows]
-    assert cols[2] == [sampling.plot_label(s.new_token_text) for _, s in rows]
+    assert cols[2] == [plain(s.new_token_text) for _, s in rows]
     assert cols[3] == [s.detok["token_bytes"] for _, s in rows]
-    assert cols[4] == [sampling.plot_label(s.emitted) if s.emitted else "" for _, s in rows]
-    assert cols[5] == [sampling.plot_label(detok.held_display(s.detok)) if detok.held_display(s.detok) else ""
+    assert cols[4] == [plain(s.emitted) if s.emitted else "" for _, s in rows]
+    assert cols[5] == [plain(detok.held_display(s.detok)) if detok.held_display(s.detok) else ""
                        for _, s in rows]
     held = [i for i, (_, s) in enumerate(rows) if s.detok["stop_partial"]]
-    assert held and all(cols[6][i] == sampling.plot_label(rows[i][1].detok["stop_partial"]) for i in held)
+    assert held and all(cols[6][i] == plain(rows[i][1].detok["stop_partial"]) for i in held)
     assert "matched" in cols[6][-1]  # the stop string completed on the last row
     assert len(detok.detok_table(events, 1, last_n=3)["data"][0]["cells"]["values"][0]) == 3
     assert detok.detok_table(events, 99)["data"] == []  # unknown sequence: a placeholder
@@ -314,8 +314,8 @@ def test_kv_formula_html(run):
     assert (f"2 × {f['layers']} layers × {f['kv_heads']} KV heads × {f['head_dim']} × {f['bytes_per_elem']} B = "
             in out)
     assert f"{kv['bytes_per_token']:,} B</b> per token" in out
-    assert f"block of {kv['block_size']} tokens = " in out and f"{kv['block_bytes'] / 1024:.1f} KiB" in out
-    assert f"{kv['pool_bytes'] / 2**20:.2f} MiB" in out
+    assert f"block of {kv['block_size']} tokens = " in out and fmt_bytes(kv['block_bytes']) in out
+    assert fmt_bytes(kv['pool_bytes']) in out
     assert f"{kv['hit_rate']:.1%}" in out
     for key, value in (("prefill_saved", kv["prefix_hit_tokens"]), ("evictions", kv["evictions"]),
                        ("preemptions", kv["preemptions"]), ("cow_copies", kv["cow_copies"])):

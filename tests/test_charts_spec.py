@@ -12,7 +12,7 @@ import json
 import pytest
 
 from app.charts import speculative as SC
-from app.charts.sampling import plot_label
+from app.charts.common import plain
 from app.charts.common import axis_title
 from app.i18n import texts
 from engine import SamplingParams, SpeculativeConfig
@@ -65,10 +65,10 @@ def test_rounds_timeline_places_every_draft_and_final_token(run):
         expected = {}
         for r, (step, sp) in enumerate(rounds, start=1):
             for d in sp["draft"]:
-                expected.setdefault(d["verdict"], []).append((r, d["position"], plot_label(d["text"], 8)))
+                expected.setdefault(d["verdict"], []).append((r, d["position"], plain(d["text"], 8)))
             fin = sp["final"]
             x = r + (0.32 if fin["kind"] == "resampled" else 0.0)
-            expected.setdefault(fin["kind"], []).append((x, fin["position"], plot_label(fin["text"], 8)))
+            expected.setdefault(fin["kind"], []).append((x, fin["position"], plain(fin["text"], 8)))
         assert {t["name"] for t in fig["data"]} == {kinds[k] for k in expected}
         for kind, cells in expected.items():
             t = trace_named(fig, kinds[kind])

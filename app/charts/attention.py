@@ -7,12 +7,11 @@ draw only a window of it (the last `max_positions` positions) so the payload sta
 """
 from __future__ import annotations
 
-import html
 import math
 
 import numpy as np
 
-from .common import ACCENT, LABEL_CHARS, empty, figure, label_px, layout, rotated_px, shorten, to_np, token_label
+from .common import ACCENT, LABEL_CHARS, empty, figure, fmt_bytes, label_px, layout, plain, rotated_px, to_np
 from ..i18n import texts
 
 MAX_POSITIONS = 256  # one heatmap: at most this many query rows and key columns
@@ -30,13 +29,6 @@ ATTN_COLORSCALE = [[(k / (len(_BLUES) - 1)) ** _GAMMA, c] for k, c in enumerate(
 
 def tr(lang: str) -> dict:
     return texts("attn", lang)
-
-
-def plain(text: str, max_chars: int | None = None) -> str:
-    """Token text for Plotly labels/hovers: visible whitespace, and no markup (Plotly renders some tags);
-    cut to max_chars characters for a tick label (see common.LABEL_CHARS)."""
-    label = token_label(text)
-    return html.escape(label if max_chars is None else shorten(label, max_chars), quote=False)
 
 
 def pos_label(p: int, texts: list[str] | None) -> str:
@@ -73,15 +65,6 @@ SUBTITLE_PX = 24  # the top margin a subtitle line adds (Plotly centres the titl
 def count_text(n: int, lang: str) -> str:
     """1,400 (en) / 1 400 (ru, a no-break space)."""
     return f"{int(n):,}".replace(",", "\u00a0" if lang == "ru" else ",")
-
-
-def bytes_text(n: int, lang: str) -> str:
-    """24 MiB / 24 МиБ: binary units, as the budgets are set."""
-    units, v, i = tr(lang)["bytes"], float(n), 0
-    while v >= 1024 and i < len(units) - 1:
-        v, i = v / 1024, i + 1
-    num = f"{v:.0f}" if i == 0 or v >= 10 or v == int(v) else f"{v:.1f}"
-    return f"{num.replace('.', ',') if lang == 'ru' else num} {units[i]}"
 
 
 def _rows_of(cap) -> list[int]:
@@ -131,7 +114,7 @@ def kept_note(evs: list, lo: int, T: int, filled: list[int], lang: str) -> str:
         head = t[key].format(k=count_text(k, lang), total=count_text(total, lang))
     why = []
     if over:
-        why.append(t["over_budget"].format(n=count_text(over, lang), budget=bytes_text(budget, lang)))
+        why.append(t["over_budget"].format(n=count_text(over, lang), budget=fmt_bytes(budget, lang)))
     if freed:
         why.append(t["freed"].format(n=count_text(freed, lang)))
     return head + "<br>" + " · ".join(why)

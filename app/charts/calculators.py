@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .common import FREE, GREY, empty, figure, layout
+from .common import FREE, GREY, empty, figure, fmt_bytes, fmt_num, layout
 from ..i18n import texts
 
 UIREV_KV = "chart-calc-kv"
@@ -24,30 +24,11 @@ ROOF_COLOR = "#444444"
 K_COLORS = ["#9ECAE1", "#6BAED6", "#3182BD", "#08519C", "#08306B", "#F58518"]
 
 
-BYTE_UNITS = {"en": ["B", "KiB", "MiB", "GiB", "TiB", "PiB"], "ru": ["Б", "КиБ", "МиБ", "ГиБ", "ТиБ", "ПиБ"]}
-
-
 def _t(lang: str) -> dict:
     return texts("calc_chart", lang)
 
 
-# ---- number formatting (shared with the formulas in app.calculators) ------------------------------------
-
-def fmt_num(x: float, lang: str = "en", sig: int = 3) -> str:
-    """A number with `sig` significant digits, no trailing zeros; Russian uses a decimal comma."""
-    x = float(x)
-    if x == 0 or not math.isfinite(x):
-        s = "0" if x == 0 else str(x)
-    elif abs(x) >= 10 ** sig and float(x).is_integer():
-        s = f"{int(round(x)):,}".replace(",", "\u202f" if lang == "ru" else ",")
-        return s
-    else:
-        digits = max(0, sig - 1 - int(math.floor(math.log10(abs(x)))))
-        s = f"{x:.{digits}f}"
-        if "." in s:
-            s = s.rstrip("0").rstrip(".")
-    return s.replace(".", ",") if lang == "ru" else s
-
+# ---- number formatting (shared with the formulas in app.calculators; fmt_num and fmt_bytes: .common) ----
 
 def fmt_int(n: float, lang: str = "en") -> str:
     """An integer; thousands are grouped from 10 000 up (a thin space in Russian, a comma in English)."""
@@ -55,17 +36,6 @@ def fmt_int(n: float, lang: str = "en") -> str:
     if abs(n) < 10000:
         return str(n)
     return f"{n:,}".replace(",", "\u202f" if lang == "ru" else ",")
-
-
-def fmt_bytes(b: float, lang: str = "en") -> str:
-    """Binary units: 131072 -> '128 KiB', 536870912 -> '512 MiB'."""
-    units = BYTE_UNITS.get(lang, BYTE_UNITS["en"])
-    b = float(b)
-    i = 0
-    while abs(b) >= 1024 and i < len(units) - 1:
-        b /= 1024
-        i += 1
-    return f"{fmt_num(b, lang)} {units[i]}"
 
 
 def fmt_seconds(s: float, lang: str = "en") -> str:

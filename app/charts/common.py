@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ..i18n import t
+
 # One colour per sequence id, reused by every chart that distinguishes sequences (KV grid, timeline, ...).
 SEQ_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D",
               "#BAB0AC", "#EECA3B"]
@@ -219,6 +221,54 @@ def rotated_px(font_size: float, chars: int, angle_deg: float) -> int:
     return int(math.ceil(label_px(font_size, chars) * math.sin(a) + font_size * 1.2 * math.cos(a)))
 
 
-def token_label(text: str) -> str:
-    """Printable token text for axes and hovers: show spaces and newlines explicitly."""
-    return text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥") or "∅"
+# ---- token text and numbers, as every chart and panel shows them ------------------------------------------
+# Control characters as Unicode's control pictures (␀ … ␟, ␡); a space, a newline and a tab as the marks
+# readers know from editors.
+_VISIBLE = {**{c: chr(0x2400 + c) for c in range(32)}, 0x7F: "␡", ord(" "): "␣", ord("\n"): "⏎", ord("\t"): "⇥"}
+
+
+def token_label(text: str, max_chars: int | None = None) -> str:
+    """Token text as the page shows it (unescaped): spaces, newlines, tabs and other control characters made
+    visible, an empty token as ∅; cut to max_chars characters for a tick label (see LABEL_CHARS)."""
+    label = (text or "").translate(_VISIBLE) or "∅"
+    return label if max_chars is None else shorten(label, max_chars)
+
+
+def markup(text) -> str:
+    """Text made safe for Plotly's labels, hovers and table cells (Plotly reads '<...>' as tags in any text)
+    and for HTML element content. An HTML attribute's value needs its quotes escaped too: html.escape."""
+    return html.escape(str(text), quote=False)
+
+
+def plain(text: str, max_chars: int | None = None) -> str:
+    """The token-label escaper: a token's text as a chart or panel shows it, visible and safe (token_label,
+    then markup)."""
+    return markup(token_label(text, max_chars))
+
+
+def fmt_num(x: float, lang: str = "en", sig: int = 3) -> str:
+    """A number with `sig` significant digits, no trailing zeros; Russian uses a decimal comma."""
+    x = float(x)
+    if x == 0 or not math.isfinite(x):
+        s = "0" if x == 0 else str(x)
+    elif abs(x) >= 10 ** sig and float(x).is_integer():
+        s = f"{int(round(x)):,}".replace(",", "\u202f" if lang == "ru" else ",")
+        return s
+    else:
+        digits = max(0, sig - 1 - int(math.floor(math.log10(abs(x)))))
+        s = f"{x:.{digits}f}"
+        if "." in s:
+            s = s.rstrip("0").rstrip(".")
+    return s.replace(".", ",") if lang == "ru" else s
+
+
+def fmt_bytes(b: float, lang: str = "en") -> str:
+    """The byte formatter: binary units, as memory is sized. 131072 -> '128 KiB', 1572864 -> '1.5 MiB'
+    ('1,5 МиБ')."""
+    units = t("byte_units", lang)
+    b = float(b)
+    i = 0
+    while abs(b) >= 1024 and i < len(units) - 1:
+        b /= 1024
+        i += 1
+    return f"{fmt_num(b, lang)} {units[i]}"

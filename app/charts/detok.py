@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .common import empty, figure, layout
-from .sampling import plot_label, plot_text
+from .common import markup, plain
 from .common import field as _g
 from ..i18n import texts
 
@@ -49,15 +49,15 @@ def detok_table(events, seq_id: int, last_n: int = 12, lang: str = "en") -> dict
         partial = d.get("stop_partial") or ""
         cols[0].append(step)
         cols[1].append(d.get("token_id", _g(s, "new_token")))
-        cols[2].append(plot_label(text))
-        cols[3].append(plot_text(d.get("token_bytes") or ""))
+        cols[2].append(plain(text))
+        cols[3].append(markup(d.get("token_bytes") or ""))
         emitted = _g(s, "emitted") or d.get("emitted") or ""  # includes the flush at a length/eos finish
-        cols[4].append(plot_label(emitted) if emitted else "")
-        cols[5].append(plot_label(held) if held else "")
+        cols[4].append(plain(emitted) if emitted else "")
+        cols[5].append(plain(held) if held else "")
         if stop is not None:
-            cols[6].append(f"{tx['matched']}: {plot_label(stop)}")
+            cols[6].append(f"{tx['matched']}: {plain(stop)}")
         else:
-            cols[6].append(plot_label(partial) if partial else "")
+            cols[6].append(plain(partial) if partial else "")
         fills.append(STOP_FILL if stop is not None else (HELD_FILL if held else ROW_FILL))
     trace = dict(
         type="table", columnwidth=[36, 56, 90, 90, 110, 80, 90],

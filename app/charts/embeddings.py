@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attention import SUBTITLE, SUBTITLE_PX, context_len, count_text, plain, seq_events
-from .common import LABEL_CHARS, empty, figure, label_px, layout, legend_key, to_np
+from .attention import SUBTITLE, SUBTITLE_PX, context_len, count_text, seq_events
+from .common import LABEL_CHARS, empty, figure, label_px, layout, legend_key, plain, to_np
 from ..i18n import texts
 
 MAX_POINTS = 512

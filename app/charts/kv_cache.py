@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from .common import FREE, GREY, SEQ_COLORS, empty, figure, layout, seq_color
+from .common import FREE, GREY, SEQ_COLORS, empty, figure, fmt_bytes, layout, seq_color
 from .common import field as _g
 from ..i18n import texts
 
@@ -56,14 +56,6 @@ def _legend(name: str, color: str) -> dict:
     """An empty trace that only puts a coloured square in the legend."""
     return dict(type="scatter", mode="markers", x=[None], y=[None], name=name, showlegend=True, hoverinfo="skip",
                 marker=dict(symbol="square", size=11, color=color, line=dict(color="#999", width=1)))
-
-
-def _fmt_bytes(b: float) -> str:
-    b = float(b)
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(b) >= div:
-            return f"{b / div:.2f} {unit}"
-    return f"{b:.0f} B"
 
 
 def block_pool_chart(event, lang: str = "en") -> dict:
@@ -221,7 +213,7 @@ def kv_memory_chart(event, lang: str = "en") -> dict:
     def bar(key: str, name: str, ys: list[str], values: list[float]) -> dict:
         return dict(type="bar", orientation="h", name=name, y=ys, x=values,
                     marker=dict(color=MEM_COLORS[key], line=dict(color="#999", width=0.5)),
-                    customdata=[[_fmt_bytes(v), round(v / bpt)] for v in values],
+                    customdata=[[fmt_bytes(v, lang), round(v / bpt)] for v in values],
                     hovertemplate=f"{name}<br>%{{customdata[0]}} = %{{customdata[1]}} {tx['tokens']}<extra></extra>")
 
     data = [
@@ -236,7 +228,7 @@ def kv_memory_chart(event, lang: str = "en") -> dict:
     if m["pool"] > 0:
         shapes.append(dict(type="line", xref="x", yref="paper", x0=m["pool"], x1=m["pool"], y0=0, y1=1,
                            line=dict(color="#333", dash="dash", width=1.5)))
-        annotations.append(dict(text=f"{tx['pool_size']} {_fmt_bytes(m['pool'])}", x=m["pool"], y=1, xref="x",
+        annotations.append(dict(text=f"{tx['pool_size']} {fmt_bytes(m['pool'], lang)}", x=m["pool"], y=1, xref="x",
                                 yref="paper", yanchor="bottom", showarrow=False, font=dict(size=11)))
     lay = layout(tx["memory_title"], UIREV_MEMORY, barmode="stack", showlegend=True, height=300,
                  shapes=shapes, annotations=annotations, bargap=0.35,

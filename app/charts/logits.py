@@ -5,8 +5,8 @@ import math
 
 import numpy as np
 
-from .attention import plain, seq_events
-from .common import ACCENT, BAR, DOTS, LABEL_CHARS, LINE, empty, figure, label_px, layout, legend_key, rotated_px, shorten
+from .attention import seq_events
+from .common import ACCENT, BAR, DOTS, LABEL_CHARS, LINE, empty, figure, label_px, layout, legend_key, plain, rotated_px, shorten
 from ..i18n import texts
 
 MAX_POINTS = 512

@@ -15,13 +15,12 @@ view and each student's own tab agree on who is who. All visible text comes from
 """
 from __future__ import annotations
 
-import html
 import math
 import re
 import zlib
 
 from ..i18n import t
-from .common import BAR, GREY, LINE, SEQ_COLORS, empty, figure, layout, legend_key
+from .common import BAR, GREY, LINE, SEQ_COLORS, empty, figure, layout, legend_key, markup
 from .kv_cache import COLS, FREE_COLOR
 
 UIREV_BATCH = "chart-room-batch"
@@ -87,10 +86,6 @@ def owner_name(owner: str, me: str, lang: str) -> str:
     return f"{owner} ({t('room_you', lang)})" if me and owner == me else owner or "—"
 
 
-def _esc(text: str) -> str:
-    return html.escape(str(text), quote=False)
-
-
 def _note(lang: str, replay: bool) -> str:
     return t("room_replay" if replay else "room_no_steps", lang)
 
@@ -154,7 +149,7 @@ def batch_strip_chart(records, me: str = "", lang: str = "en", replay: bool = Fa
                                  size=6, solidity=0.35),
                     line=dict(color=[ME_LINE if me and s["owner"] == me else "#FFFFFF" for s in segs],
                               width=[2 if me and s["owner"] == me else 0.5 for s in segs])),
-        customdata=[[_esc(owner_name(s["owner"], me, lang)), s["seq_id"], phase_name.get(s["phase"], s["phase"]),
+        customdata=[[markup(owner_name(s["owner"], me, lang)), s["seq_id"], phase_name.get(s["phase"], s["phase"]),
                      s["num_processed"], s["num_emitted"]] for s in segs],
         hovertemplate=(f"<b>%{{customdata[0]}}</b> · {t('room_seq', lang)} %{{customdata[1]}}<br>%{{customdata[2]}}"
                        f"<br>%{{customdata[3]}} {t('room_processed', lang)} · %{{customdata[4]}} "
@@ -220,7 +215,7 @@ def pool_chart(blocks, records=(), me: str = "", lang: str = "en", replay: bool 
         r, c = divmod(i, cols)
         z[r][c] = pool_code(b)
         text[r][c] = "•" if me and b == me else ""
-        cd[r][c] = [i, _esc(what.get(b) or owner_name(b, me, lang))]
+        cd[r][c] = [i, markup(what.get(b) or owner_name(b, me, lang))]
     num = len(POOL_COLORS)
     heat = dict(type="heatmap", name="blocks", z=z, text=text, texttemplate="%{text}", textfont=dict(size=10),
                 customdata=cd, hovertemplate=f"{t('room_block', lang)} %{{customdata[0]}}<br>%{{customdata[1]}}"
@@ -239,7 +234,7 @@ def pool_chart(blocks, records=(), me: str = "", lang: str = "en", replay: bool 
     pool = (list(records)[-1].get("pool") or {}) if records else {}
     used = n - counts.get("", 0) - counts.get("cached", 0)
     title = (t("room_pool_title", lang).format(used=used, n=n, cached=counts.get("cached", 0))
-             + f"<br><span style='font-size:11px;color:#555'>{_esc(_hit_line(pool, lang))}</span>")
+             + f"<br><span style='font-size:11px;color:#555'>{markup(_hit_line(pool, lang))}</span>")
     cell = 18 if rows <= 12 else 12
     lay = layout(title, UIREV_POOL, height=cell * rows + 90 + 16 * len(rows_key), annotations=[key],
                  margin=dict(l=90, r=10, t=60, b=16 + 16 * len(rows_key)),
@@ -299,10 +294,10 @@ def throughput_chart(records, me: str = "", lang: str = "en", replay: bool = Fal
     now = series["t"][-1]
     xs = [x - now for x in series["t"]]
     hover = f"%{{y:.1f}} {t('room_tok_s', lang)}<extra>%{{fullData.name}}</extra>"
-    data = [dict(type="scatter", mode="lines", name=_esc(t("room_all", lang)), x=xs, y=series["all"],
+    data = [dict(type="scatter", mode="lines", name=markup(t("room_all", lang)), x=xs, y=series["all"],
                  line=dict(color=ROOM_COLOR, width=3), hovertemplate=hover, meta="room")]
     for o, ys in series["owners"].items():
-        data.append(dict(type="scatter", mode="lines", name=_esc(owner_name(o, me, lang)), x=xs, y=ys, meta=o,
+        data.append(dict(type="scatter", mode="lines", name=markup(owner_name(o, me, lang)), x=xs, y=ys, meta=o,
                          line=dict(color=owner_color(o), width=3.5 if me and o == me else 1.5),
                          opacity=1.0 if me and o == me else 0.75, hovertemplate=hover))
     rows = _key_rows([(LINE, ROOM_COLOR, t("room_all", lang))]
@@ -331,17 +326,17 @@ def batch_size_chart(records, lang: str = "en", replay: bool = False) -> dict:
           "held": [int(r.get("held", 0) or 0) for r in records],
           "waiting": [len(r.get("waiting") or []) for r in records]}
     hover = "%{y}<extra>%{fullData.name}</extra>"
-    data = [dict(type="bar", name=_esc(names["batch"]), x=xs, y=ys["batch"], meta="batch",
+    data = [dict(type="bar", name=markup(names["batch"]), x=xs, y=ys["batch"], meta="batch",
                  marker=dict(color=colours["batch"]), hovertemplate=hover)]
     for k in ("held", "waiting"):
-        data.append(dict(type="scatter", mode="lines", name=_esc(names[k]), x=xs, y=ys[k], meta=k,
+        data.append(dict(type="scatter", mode="lines", name=markup(names[k]), x=xs, y=ys[k], meta=k,
                          line=dict(color=colours[k], width=2, shape="hv"), hovertemplate=hover))
     rows = [[(BAR, colours["batch"], names["batch"]), (LINE, colours["held"], names["held"]),
              (LINE, colours["waiting"], names["waiting"])]]
     key, bottom = _key_below(rows)
     one = dict(type="line", xref="paper", yref="y", x0=0, x1=1, y0=1, y1=1, line=dict(color="#555", dash="dash",
                                                                                         width=1))
-    note = dict(text=_esc(t("room_one", lang)), x=1, xref="paper", xanchor="right", y=1, yref="y",
+    note = dict(text=markup(t("room_one", lang)), x=1, xref="paper", xanchor="right", y=1, yref="y",
                 yanchor="bottom", showarrow=False, font=dict(size=10, color="#555"), bgcolor="rgba(255,255,255,0.85)")
     top = max(max(v) for v in ys.values())
     lay = layout(t("room_size_title", lang), UIREV_SIZE, height=280 + 16 * len(rows), hovermode="x unified",
@@ -374,12 +369,12 @@ def room_events(records, limit: int = LOG_EVENTS) -> list[dict]:
 def event_log_html(records, me: str = "", lang: str = "en", replay: bool = False) -> str:
     """An HTML list of room_events (every text escaped): step, owner (in its colour), sequence and what
     happened; this tab's own lines are marked."""
-    title = f'<div class="il-room-log-title">{_esc(t("room_log", lang))}</div>'
+    title = f'<div class="il-room-log-title">{markup(t("room_log", lang))}</div>'
     if not records:
-        return f'<div class="il-room-log">{title}<div class="il-room-note">{_esc(_note(lang, replay))}</div></div>'
+        return f'<div class="il-room-log">{title}<div class="il-room-note">{markup(_note(lang, replay))}</div></div>'
     events = room_events(records)
     if not events:
-        return (f'<div class="il-room-log">{title}<div class="il-room-note">{_esc(t("room_no_events", lang))}'
+        return (f'<div class="il-room-log">{title}<div class="il-room-note">{markup(t("room_no_events", lang))}'
                 f'</div></div>')
     items = []
     for e in events:
@@ -389,11 +384,11 @@ def event_log_html(records, me: str = "", lang: str = "en", replay: bool = False
         mine = " il-room-me" if me and e["owner"] == me else ""
         items.append(
             f'<li class="il-room-ev il-room-{e["kind"]}{mine}">'
-            f'<span class="il-room-step">{_esc(t("room_step", lang))} {e["step"]}</span> '
+            f'<span class="il-room-step">{markup(t("room_step", lang))} {e["step"]}</span> '
             f'<span class="il-room-owner" style="border-color:{owner_color(e["owner"])}">'
-            f'{_esc(owner_name(e["owner"], me, lang))}</span> '
-            f'<span class="il-room-seq">{_esc(t("room_seq", lang))} {e["seq_id"]}</span> · '
-            f'<span class="il-room-what">{_esc(what)}</span></li>')
+            f'{markup(owner_name(e["owner"], me, lang))}</span> '
+            f'<span class="il-room-seq">{markup(t("room_seq", lang))} {e["seq_id"]}</span> · '
+            f'<span class="il-room-what">{markup(what)}</span></li>')
     return f'<div class="il-room-log">{title}<ol class="il-room-events">{"".join(items)}</ol></div>'
 
 

@@ -6,7 +6,7 @@ uniform number u, the chosen token and the cumulative distribution in draw order
 """
 from __future__ import annotations
 
-from .common import ACCENT, GREY, LABEL_CHARS, empty, figure, label_px, layout, rotated_px, token_label
+from .common import ACCENT, GREY, LABEL_CHARS, empty, figure, label_px, layout, plain, rotated_px
 from ..i18n import texts
 
 CHAIN_ORDER = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
@@ -23,19 +23,6 @@ COLUMN_GAP = 0.2  # between two stages' columns, as a fraction of a column's wid
 
 def _t(lang: str) -> dict:
     return texts("sampling", lang)
-
-
-def plot_text(text: str) -> str:
-    """Escape text for Plotly labels, hovers and table cells (Plotly reads '<...>' as markup tags)."""
-    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def plot_label(text: str, max_len: int | None = None) -> str:
-    """token_label (visible spaces/newlines), optionally shortened, escaped for Plotly."""
-    s = token_label(text or "")
-    if max_len is not None and len(s) > max_len:
-        s = s[: max_len - 1] + "…"
-    return plot_text(s)
 
 
 def _texts(sampling: dict) -> list[str]:
@@ -66,8 +53,8 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
         return empty(tx["chain"], tx["no_trace"], UIREV_CHAIN)
     ids = [int(i) for i in sampling["token_ids"]]
     texts = _texts(sampling)
-    labels = [plot_label(t, LABEL_CHARS) for t in texts]
-    full = [plot_label(t) for t in texts]
+    labels = [plain(t, LABEL_CHARS) for t in texts]
+    full = [plain(t) for t in texts]
     n = len(ids)
     chosen = sampling.get("chosen")
     vocab = int(sampling.get("vocab_size") or 0)
@@ -130,7 +117,7 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
                                 font=dict(size=10, color="#333" if active else "#999"),
                                 hovertext=tx["stage_hover"].format(name=name, kept=kept_n, vocab=vocab, removed=removed)))
 
-    tok = plot_label(texts[ids.index(chosen)] if chosen in ids else f"#{chosen}")
+    tok = plain(texts[ids.index(chosen)] if chosen in ids else f"#{chosen}")
     title = tx["chain_title"].format(tok=tok, p=float(sampling.get("chosen_prob") or 0.0),
                                      rank=sampling.get("chosen_rank", "?"))
     extra = {}
@@ -184,8 +171,8 @@ def sampling_cdf_chart(sampling: dict | None, lang: str = "en") -> dict:
     chosen = sampling.get("chosen")
     greedy = bool(sampling.get("greedy"))
     u = float(sampling.get("u") or 0.0)
-    labels = [plot_label(text_of.get(t, f"#{t}"), LABEL_CHARS) for t in tids]
-    cd = [[t, plot_label(text_of.get(t, f"#{t}")), pi, b, c] for t, pi, b, c in zip(tids, p, base, cum)]
+    labels = [plain(text_of.get(t, f"#{t}"), LABEL_CHARS) for t in tids]
+    cd = [[t, plain(text_of.get(t, f"#{t}")), pi, b, c] for t, pi, b, c in zip(tids, p, base, cum)]
 
     data = [
         dict(type="bar", name="interval", x=xs, y=p, base=base, width=0.6,
@@ -200,7 +187,7 @@ def sampling_cdf_chart(sampling: dict | None, lang: str = "en") -> dict:
     ]
     annotations = []
     pos = tids.index(chosen) if chosen in tids else None
-    tok = plot_label(text_of.get(chosen, f"#{chosen}"))
+    tok = plain(text_of.get(chosen, f"#{chosen}"))
     if greedy:
         title = tx["greedy_title"].format(tok=tok)
         annotations.append(dict(text=tx["greedy"], x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,

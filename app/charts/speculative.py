@@ -10,7 +10,7 @@ from engine.metrics import expected_tokens_per_pass
 
 from .common import ACCENT, empty, figure, layout
 from .common import field as _g
-from .sampling import plot_label, plot_text
+from .common import markup, plain
 from ..i18n import texts
 
 ACCEPTED = "#2CA02C"
@@ -100,10 +100,10 @@ def rounds_timeline(events, seq_id: int | None = None, lang: str = "en") -> dict
             dropped = kind == "accepted" and int(d["position"]) > emitted
             c["x"].append(r)
             c["y"].append(int(d["position"]))
-            c["text"].append(plot_label(d.get("text", ""), 8) if labelled else "")
+            c["text"].append(plain(d.get("text", ""), 8) if labelled else "")
             c["opacity"].append(DROPPED_OPACITY if dropped else 1.0)
             c["hover"].append(
-                f"<b>{plot_label(d.get('text', ''))}</b> (id {d.get('token')})<br>{tx['step']} {step} · "
+                f"<b>{plain(d.get('text', ''))}</b> (id {d.get('token')})<br>{tx['step']} {step} · "
                 f"{tx['pos'].format(i=d['position'])}<br>q(x) = {_f(d.get('q'), 4)} · p(x) = {_f(d.get('p'), 4)}"
                 f"<br>p/q = {_f(d.get('ratio'))} · u = {_f(d.get('u'))}<br>{tx['kinds'].get(kind, kind)}"
                 + (f"<br>{tx['dropped']}" if dropped else ""))
@@ -115,10 +115,10 @@ def rounds_timeline(events, seq_id: int | None = None, lang: str = "en") -> dict
         collides = kind == "resampled"  # it replaces the rejected draft at the same position
         c["x"].append(r + (0.32 if collides else 0.0))
         c["y"].append(pos)
-        c["text"].append(plot_label(fin.get("text", ""), 8) if labelled else "")
+        c["text"].append(plain(fin.get("text", ""), 8) if labelled else "")
         c["opacity"].append(1.0 if fin.get("kept", True) else DROPPED_OPACITY)
         note = "" if fin.get("kept", True) else f"<br>{tx['dropped']}"
-        c["hover"].append(f"<b>{plot_label(fin.get('text', ''))}</b> (id {fin.get('token')})<br>{tx['step']} {step}"
+        c["hover"].append(f"<b>{plain(fin.get('text', ''))}</b> (id {fin.get('token')})<br>{tx['step']} {step}"
                           f" · {tx['pos'].format(i=pos)}<br>p = {_f(fin.get('prob'), 4)} · u = {_f(fin.get('u'))}"
                           f"<br>{tx['kinds'].get(kind, kind)}{note}")
         max_slot = max(max_slot, pos)
@@ -198,8 +198,8 @@ def pq_chart(spec: dict | None, step: int | None = None, lang: str = "en") -> di
     data, axes, annotations = [], {}, []
     for k, pn in enumerate(panels):
         ax = "" if k == 0 else str(k + 1)
-        labels = [plot_label(t, 10) for t in pn["texts"]]
-        full = [plot_label(t) for t in pn["texts"]]
+        labels = [plain(t, 10) for t in pn["texts"]]
+        full = [plain(t) for t in pn["texts"]]
         xs = list(range(len(labels)))
         outline = [2.5 if t == pn["draft"] else 0 for t in pn["token_ids"]]
         series = [("p", pn["p"], P_COLOR), ("q", pn["q"], Q_COLOR), ("residual", pn["residual"], RESIDUAL_COLOR)]
@@ -223,14 +223,14 @@ def pq_chart(spec: dict | None, step: int | None = None, lang: str = "en") -> di
         else:
             verdict = tx["verdict"].get(pn.get("verdict") or "unchecked", "")
             color = {"accepted": ACCEPTED, "rejected": REJECTED}.get(pn.get("verdict"), "#555")
-            sub = (f"<b>{tx['pos'].format(i=pn['position'])}: {plot_label((chk or {}).get('text', ''), 12)}</b> "
+            sub = (f"<b>{tx['pos'].format(i=pn['position'])}: {plain((chk or {}).get('text', ''), 12)}</b> "
                    f"<span style='color:{color}'>{verdict}</span>")
             if chk and chk.get("u") is not None:
                 sub += f"<br>p/q = {_f(chk.get('ratio'))}, u = {_f(chk.get('u'))}"
         annotations.append(dict(text=sub, x=x0 + width / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
                                 yanchor="bottom", showarrow=False, font=dict(size=11)))
     title = tx["pq_title"].format(step=step) if step is not None else tx["pq_title_nostep"]
-    lay = layout(plot_text(title), UIREV_PQ, barmode="group", bargap=0.2, showlegend=True, height=370,
+    lay = layout(markup(title), UIREV_PQ, barmode="group", bargap=0.2, showlegend=True, height=370,
                  margin=dict(l=55, r=20, t=95, b=110), annotations=annotations,
                  legend=dict(orientation="h", x=0, xanchor="left", y=-0.42, yanchor="top", font=dict(size=10)),
                  **axes)
@@ -348,7 +348,7 @@ def speedup_table(comparisons: list[dict], prompts: list[str] | None = None, lan
     def fmt(v, d=1, suffix=""):  # formatted here: plotly.js tables drop every cell when a d3 format is null
         return "–" if v is None else f"{float(v):.{d}f}{suffix}"
 
-    cols = [[plot_text(r[0]) for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+    cols = [[markup(r[0]) for r in rows], [r[1] for r in rows], [r[2] for r in rows],
             [fmt(r[3]) for r in rows], [fmt(r[4]) for r in rows], [fmt(r[5], 2, "×") for r in rows],
             [fmt(r[6], 2) for r in rows], [fmt(r[7], 2) for r in rows], [fmt(r[8], 2) for r in rows],
             ["✓" if r[9] else "✗" for r in rows]]

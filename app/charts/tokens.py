@@ -1,8 +1,7 @@
 """How many bytes each token covers: the tokenizer's compression, token by token."""
 from __future__ import annotations
 
-from .attention import plain
-from .common import LABEL_CHARS, empty, figure, layout, rotated_px
+from .common import LABEL_CHARS, empty, figure, layout, plain, rotated_px
 from ..i18n import texts
 
 MAX_TOKENS = 1024

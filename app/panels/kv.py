@@ -7,18 +7,8 @@ from __future__ import annotations
 
 import html
 from ..charts.common import field as _g
+from ..charts.common import fmt_bytes
 from ..i18n import texts
-
-
-def _size(b: float) -> str:
-    b = float(b)
-    if b >= 2**30:
-        return f"{b / 2**30:.2f} GiB"
-    if b >= 2**20:
-        return f"{b / 2**20:.2f} MiB"
-    if b >= 2**10:
-        return f"{b / 2**10:.1f} KiB"
-    return f"{b:.0f} B"
 
 
 def _num(v) -> str:
@@ -42,8 +32,8 @@ def kv_formula_html(event, lang: str = "en") -> str:
     pool = kv.get("pool_bytes", block_bytes * nb)
     line1 = (f"2 × {_num(layers)} {tx['layers']} × {_num(heads)} {tx['kv_heads']} × {_num(dim)} × {_num(be)} B = "
              f'<b class="il-formula-result">{bpt:,} B</b> {tx["per_token"]}')
-    line2 = (f"{tx['block'].format(bs=bs)} = <b class=\"il-formula-result\">{_size(block_bytes)}</b>; "
-             f"{tx['pool'].format(n=nb)} = <b class=\"il-formula-result\">{_size(pool)}</b>")
+    line2 = (f"{tx['block'].format(bs=bs)} = <b class=\"il-formula-result\">{fmt_bytes(block_bytes, lang)}</b>; "
+             f"{tx['pool'].format(n=nb)} = <b class=\"il-formula-result\">{fmt_bytes(pool, lang)}</b>")
     hit, q = int(kv.get("prefix_hit_tokens", 0)), int(kv.get("prefix_query_tokens", 0))
     stats = [
         ("hit_rate", tx["hit_rate"], f"{float(kv.get('hit_rate', 0.0)):.1%}", tx["hit_detail"].format(hit=hit, q=q)),

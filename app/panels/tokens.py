@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 
-from app.charts.common import token_label
+from app.charts.common import markup, plain, token_label
 from app.i18n import texts
 
 
@@ -15,13 +15,9 @@ def _tr(lang: str) -> dict:
     return texts("tokens", lang)
 
 
-def _esc(text: str) -> str:
-    return html.escape(text, quote=True)
-
-
 def _text_html(text: str) -> str:
     """Escaped text with each newline shown as ⏎ followed by a real line break."""
-    return "<span class=\"il-nl\">⏎</span><br>".join(_esc(part) for part in text.split("\n"))
+    return "<span class=\"il-nl\">⏎</span><br>".join(html.escape(part) for part in text.split("\n"))
 
 
 def template_html(text: str, spans: list[dict], lang: str = "en") -> str:
@@ -29,7 +25,7 @@ def template_html(text: str, spans: list[dict], lang: str = "en") -> str:
     newlines visible. Zero-width special spans (a BOS added without text) show as a ◆ marker."""
     t = _tr(lang)
     if not text and not spans:
-        return f'<div class="il-template il-empty">{_esc(t["template_empty"])}</div>'
+        return f'<div class="il-template il-empty">{html.escape(t["template_empty"])}</div>'
     parts, cursor = [], 0
     for sp in sorted(spans or [], key=lambda s: (int(s.get("start", 0)), int(s.get("end", 0)))):
         start = max(0, min(len(text), int(sp.get("start", 0))))
@@ -40,9 +36,9 @@ def template_html(text: str, spans: list[dict], lang: str = "en") -> str:
         if sp.get("kind") == "special":
             if seg:
                 title = t["special_tokens"].format(a=sp.get("token_start", "?"))
-                parts.append(f'<span class="il-special" title="{_esc(title)}">{_text_html(seg)}</span>')
+                parts.append(f'<span class="il-special" title="{html.escape(title)}">{_text_html(seg)}</span>')
             elif end >= cursor:
-                parts.append(f'<span class="il-special il-special-implicit" title="{_esc(t["implicit"])}">◆</span>')
+                parts.append(f'<span class="il-special il-special-implicit" title="{html.escape(t["implicit"])}">◆</span>')
         elif seg:
             parts.append(_text_html(seg))
         cursor = max(cursor, end)
@@ -81,7 +77,7 @@ def token_chips_html(infos: list[dict], n_prompt: int, lang: str = "en") -> str:
     """
     t = _tr(lang)
     if not infos:
-        return f'<div class="il-tokens il-empty">{_esc(t["chips_empty"])}</div>'
+        return f'<div class="il-tokens il-empty">{html.escape(t["chips_empty"])}</div>'
     chips, data = [], b""
     for i, info in enumerate(infos):
         generated = i >= n_prompt
@@ -94,8 +90,8 @@ def token_chips_html(infos: list[dict], n_prompt: int, lang: str = "en") -> str:
             cls.append("il-partial")
         tid = int(info["id"])
         gen = f' data-gen-index="{i - n_prompt}"' if generated else ""  # the page rewinds to it on click
-        chips.append(f'<span class="{" ".join(cls)}" title="{_esc(_chip_title(info, i, generated, t))}" '
-                     f'data-token-id="{tid}" data-pos="{i}"{gen}>{_esc(chip_text(info))}<sub>{tid}</sub></span>')
+        chips.append(f'<span class="{" ".join(cls)}" title="{html.escape(_chip_title(info, i, generated, t))}" '
+                     f'data-token-id="{tid}" data-pos="{i}"{gen}>{markup(chip_text(info))}<sub>{tid}</sub></span>')
         try:
             data += bytes.fromhex(info.get("bytes_hex") or "")
         except ValueError:
@@ -105,12 +101,12 @@ def token_chips_html(infos: list[dict], n_prompt: int, lang: str = "en") -> str:
     counts = t["counts"].format(chars=len(data.decode("utf-8", errors="replace")), nbytes=len(data), tokens=n,
                                 prompt=n_p, gen=n - n_p, bpt=len(data) / n)
     return (f'<div class="il-tokens"><div class="il-chips">{"".join(chips)}</div>'
-            f'<div class="il-counts">{_esc(counts)}</div></div>')
+            f'<div class="il-counts">{html.escape(counts)}</div></div>')
 
 
 def _sym(text: str, title: str, new: bool = False) -> str:
     cls = "il-sym il-sym-new" if new else "il-sym"
-    return f'<span class="{cls}" title="{_esc(title)}">{_esc(token_label(text))}</span>'
+    return f'<span class="{cls}" title="{html.escape(title)}">{plain(text)}</span>'
 
 
 def bpe_merges_html(steps: list[dict], lang: str = "en") -> str:
@@ -118,7 +114,7 @@ def bpe_merges_html(steps: list[dict], lang: str = "en") -> str:
     the symbols after it as little boxes (the symbols the merge produced in .il-sym-new)."""
     t = _tr(lang)
     if not steps:
-        return f'<div class="il-bpe-trace il-empty">{_esc(t["bpe_empty"])}</div>'
+        return f'<div class="il-bpe-trace il-empty">{html.escape(t["bpe_empty"])}</div>'
     display: dict[str, str] = {}  # vocab piece -> readable text
     for st in steps:
         for piece, sym in zip(st.get("pieces") or [], st.get("symbols") or []):
@@ -134,9 +130,9 @@ def bpe_merges_html(steps: list[dict], lang: str = "en") -> str:
             left, right = (display.get(m, m) for m in merge)
             merged = display.get(joined, left + right)
             cell = (f'{_sym(left, merge[0])} + {_sym(right, merge[1])} → {_sym(merged, joined, new=True)}'
-                    f'<span class="il-rank">{_esc(t["rank"])} {_esc(str(st.get("rank")))}</span>')
+                    f'<span class="il-rank">{html.escape(t["rank"])} {html.escape(str(st.get("rank")))}</span>')
         else:
-            cell = _esc(t["initial"] if k == 0 else t["whole"])
+            cell = html.escape(t["initial"] if k == 0 else t["whole"])
         boxes = []
         for j, sym in enumerate(symbols):
             piece = pieces[j] if j < len(pieces) else sym
@@ -145,6 +141,6 @@ def bpe_merges_html(steps: list[dict], lang: str = "en") -> str:
             boxes.append(_sym(sym, title, new=joined is not None and piece == joined))
         rows.append(f'<tr class="il-bpe-row"><td class="il-bpe-step">{int(st.get("step", k))}</td>'
                     f'<td class="il-bpe-merge">{cell}</td><td class="il-bpe-symbols">{"".join(boxes)}</td></tr>')
-    head = (f'<thead><tr><th>{_esc(t["step"])}</th><th>{_esc(t["merge"])}</th>'
-            f'<th>{_esc(t["symbols"])}</th></tr></thead>')
+    head = (f'<thead><tr><th>{html.escape(t["step"])}</th><th>{html.escape(t["merge"])}</th>'
+            f'<th>{html.escape(t["symbols"])}</th></tr></thead>')
     return f'<table class="il-bpe">{head}<tbody>{"".join(rows)}</tbody></table>'
