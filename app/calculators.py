@@ -19,7 +19,7 @@ from pathlib import Path
 from engine import metrics
 
 from .charts import calculators as charts
-from .charts.calculators import fmt_bytes, fmt_bytes_dec, fmt_int, fmt_num, fmt_seconds, fmt_si
+from .charts.calculators import fmt_bytes, fmt_int, fmt_num, fmt_seconds, fmt_si
 from .i18n import UI, Phrase, Refusal, t, texts
 
 PANEL = "calculators"
@@ -378,20 +378,19 @@ def formulas_html(n: dict, lang: str) -> str:
     kv_read = kv_batch
     total = nm["weight_step_bytes"] + kv_read
     t = metrics.decode_step_lower_bound(total, g["bandwidth"])
-    bw_unit = "/с" if lang == "ru" else "/s"
     rows.append((f["step"].format(gpu=_e(gname)),
                  f"({fmt_bytes(nm['weight_step_bytes'], lang)} + {fmt_bytes(kv_read, lang)}) ÷ "
-                 f"{fmt_bytes_dec(g['bandwidth'], lang)}{bw_unit} = <b>{fmt_seconds(t, lang)}</b>; "
+                 f"{fmt_si(g['bandwidth'], 'B/s', lang)} = <b>{fmt_seconds(t, lang)}</b>; "
                  + f["tps"].format(t=fmt_num(1 / t, lang), tt=fmt_num(batch / t, lang))))
     ridge = metrics.ridge_point(g["peak_flops"], g["bandwidth"])
-    fb = "FLOP/Б" if lang == "ru" else "FLOP/B"
+    fb = UI["si_units"][lang]["FLOP/B"]  # (t is the step's time here)
     parts = []
     for p in n["points"]:
         bound = f["mem_bound"].format(pct=fmt_num(100 * p["attainable"] / g["peak_flops"], lang)) \
             if p["intensity"] < ridge else f["compute_bound"]
         parts.append(f"{_e(p['label'])}: {fmt_si(p['flops'], 'FLOP', lang)} ÷ {fmt_bytes(p['bytes'], lang)} = "
                      f"<b>{fmt_num(p['intensity'], lang)} {fb}</b> — {bound}")
-    ridge_txt = (f"{fmt_si(g['peak_flops'], 'FLOP/s', lang)} ÷ {fmt_bytes_dec(g['bandwidth'], lang)}{bw_unit} = "
+    ridge_txt = (f"{fmt_si(g['peak_flops'], 'FLOP/s', lang)} ÷ {fmt_si(g['bandwidth'], 'B/s', lang)} = "
                  f"<b>{fmt_num(ridge, lang)} {fb}</b>")
     rows.append((f["intensity"].format(gpu=_e(gname)), "<br>".join([ridge_txt] + parts)))
     a, k, c = n["alpha"], n["k"], n["c"]
@@ -410,7 +409,7 @@ def formulas_html(n: dict, lang: str) -> str:
         line = f["live_line"].format(name=_e(label(live, lang)), dtype=dname, w=fmt_bytes(w, lang))
         if mach:
             t_live = metrics.decode_step_lower_bound(w, mach["bandwidth"])
-            line += (f"; {fmt_bytes(w, lang)} ÷ {fmt_bytes_dec(mach['bandwidth'], lang)}{bw_unit} "
+            line += (f"; {fmt_bytes(w, lang)} ÷ {fmt_si(mach['bandwidth'], 'B/s', lang)} "
                      f"({f['measured']}) = <b>{fmt_seconds(t_live, lang)}</b>")
         rows.append((f["live"], line))
     items = "".join(f'<li><span class="il-calc-name">{_e(name)}</span><br><code>{body}</code></li>'

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from engine import SamplingParams
 
+from .charts.common import token_label
 from .i18n import Phrase, Refusal, lang_of, t
 from .session import MAX_STOP_CHARS, cap_text
 from .trace import ReplaySession
@@ -145,7 +146,7 @@ def _add(s, cmd: Add, ctx: Context) -> Outcome:
 def _force(s, cmd: Force, ctx: Context) -> Outcome:
     _focused(s)
     text = s.force(cmd.token_id)
-    return Outcome(s, t("forced", ctx.lang).format(id=cmd.token_id, text=repr(text)))
+    return Outcome(s, t("forced", ctx.lang).format(id=cmd.token_id, text=token_label(text)))
 
 
 def _rewind(s, cmd: Rewind, ctx: Context) -> Outcome:

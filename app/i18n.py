@@ -153,10 +153,17 @@ UI = {
     "room_reason_length": {"en": "max tokens reached", "ru": "достигнут лимит токенов"},
     "room_reason_stop": {"en": "stop string", "ru": "стоп-строка"},
     "room_reason_abort": {"en": "cancelled", "ru": "отменена"},
+    # owners in the room: "tab 3", "api 1", "lecture" (app/room.py names them; the charts show them so)
+    "room_owner.tab": {"en": "tab", "ru": "вкладка"},
+    "room_owner.api": {"en": "api", "ru": "API"},
+    "room_owner.lecture": {"en": "lecture", "ru": "лекция"},
     "tour": {"en": "Guided tour", "ru": "Экскурсия"},
     "spec_box": {"en": "Speculative decoding", "ru": "Спекулятивное декодирование"},
     "spec_on": {"en": "Draft and verify (applies to new requests)", "ru": "Черновик и проверка (для новых запросов)"},
     "spec_method": {"en": "Drafter", "ru": "Черновик"},
+    "spec_method.ngram": {"en": "n-gram (prompt lookup)", "ru": "n-граммы (поиск в запросе)"},
+    "spec_method.early_exit": {"en": "early exit (layer L)", "ru": "ранний выход (слой L)"},
+    "spec_method.draft": {"en": "draft model", "ru": "модель-черновик"},
     "spec_k": {"en": "Draft tokens k", "ru": "Токенов в черновике k"},
     "spec_exit": {"en": "Early-exit layer L", "ru": "Слой раннего выхода L"},
     "spec_adaptive": {"en": "Adaptive k", "ru": "Адаптивное k"},
@@ -193,6 +200,34 @@ UI = {
                   "ru": "Этот файл — не запись InferLab: {detail}"},
     "replay_pos": {"en": "Replay: step {pos} of {n}.", "ru": "Запись: шаг {pos} из {n}."},
     "chart": {"en": "Chart", "ru": "График"},
+    # the charts by name, as the export picker lists them
+    "chart_name.chart-bytes": {"en": "Bytes per token", "ru": "Байт на токен"},
+    "chart_name.chart-pca": {"en": "Embeddings (PCA)", "ru": "Эмбеддинги (PCA)"},
+    "chart_name.chart-neighbours": {"en": "Nearest tokens", "ru": "Ближайшие токены"},
+    "chart_name.chart-attention": {"en": "Attention of one head", "ru": "Внимание одной головы"},
+    "chart_name.chart-heads": {"en": "All heads of a layer", "ru": "Все головы слоя"},
+    "chart_name.chart-entropy": {"en": "Attention entropy", "ru": "Энтропия внимания"},
+    "chart_name.chart-lens": {"en": "Logit lens", "ru": "Логит-линза"},
+    "chart_name.chart-logits": {"en": "Logits and probabilities", "ru": "Логиты и вероятности"},
+    "chart_name.chart-perplexity": {"en": "Log-probabilities and perplexity", "ru": "Лог-вероятности и перплексия"},
+    "chart_name.chart-sampling": {"en": "Sampling chain", "ru": "Цепочка сэмплирования"},
+    "chart_name.chart-cdf": {"en": "Inverse-CDF draw", "ru": "Выбор по обратной CDF"},
+    "chart_name.chart-detok": {"en": "Detokenizer", "ru": "Детокенизатор"},
+    "chart_name.chart-kv-pool": {"en": "KV block pool", "ru": "Пул блоков KV"},
+    "chart_name.chart-kv-tables": {"en": "Block tables", "ru": "Таблицы блоков"},
+    "chart_name.chart-kv-memory": {"en": "KV memory", "ru": "Память KV"},
+    "chart_name.chart-timeline": {"en": "Step timeline", "ru": "Шкала шагов"},
+    "chart_name.chart-latency": {"en": "Latency per sequence", "ru": "Задержки по последовательностям"},
+    "chart_name.chart-roofline": {"en": "Roofline", "ru": "Roofline"},
+    "chart_name.chart-spec-rounds": {"en": "Speculative rounds", "ru": "Спекулятивные раунды"},
+    "chart_name.chart-spec-pq": {"en": "p and q", "ru": "p и q"},
+    "chart_name.chart-spec-alpha": {"en": "Acceptance by position", "ru": "Принятие по позициям"},
+    "chart_name.chart-spec-pass": {"en": "Tokens per target pass", "ru": "Токенов за проход целевой модели"},
+    "chart_name.chart-spec-speedup": {"en": "Speedup vs plain decoding", "ru": "Ускорение относительно обычного декодирования"},
+    "chart_name.chart-room-batch": {"en": "Who is in each step", "ru": "Кто в каждом шаге"},
+    "chart_name.chart-room-pool": {"en": "Shared KV pool", "ru": "Общий пул KV"},
+    "chart_name.chart-room-throughput": {"en": "Throughput", "ru": "Пропускная способность"},
+    "chart_name.chart-room-size": {"en": "Batch size", "ru": "Размер батча"},
     "format": {"en": "Format", "ru": "Формат"},
     "export_btn": {"en": "Export chart", "ru": "Экспорт графика"},
     "download": {"en": "Download", "ru": "Скачать"},
@@ -201,8 +236,8 @@ UI = {
     # the commands' own messages (app/commands.py)
     "queued": {"en": "Request #{rid} queued: press Step to watch it join the batch.",
                "ru": "Запрос №{rid} в очереди: нажмите «Шаг», чтобы он вошёл в батч."},
-    "forced": {"en": "Token {id} ({text}) will be forced at the next step.",
-               "ru": "Токен {id} ({text}) будет навязан на следующем шаге."},
+    "forced": {"en": "Token {id} «{text}» will be forced at the next step.",
+               "ru": "Токен {id} «{text}» будет навязан на следующем шаге."},
     "branched": {"en": "Branch #{rid} keeps {n} generated tokens and shares their KV blocks.",
                  "ru": "Ветка №{rid} сохраняет {n} сгенерированных токенов и делит их KV-блоки."},
     "rewound": {"en": "Rewound #{sid} to {n} generated tokens; later KV slots were released.",
@@ -222,8 +257,15 @@ UI = {
                   "ru": "вытеснен: пул KV был полон; запрос будет пересчитан"},
     # ---- the page's frame and lines the server writes (app/ui.py, app/handlers.py, app/render.py) ----
     "measuring": {"en": "measuring this machine…", "ru": "измеряем эту машину…"},
-    # app/charts/common.py fmt_bytes: binary units, as memory is sized
+    # app/charts/common.py fmt_bytes: binary units, as memory is sized; fmt_si: decimal prefixes, as rates are quoted
     "byte_units": {"en": ("B", "KiB", "MiB", "GiB", "TiB", "PiB"), "ru": ("Б", "КиБ", "МиБ", "ГиБ", "ТиБ", "ПиБ")},
+    "si_prefixes": {"en": ("P", "T", "G", "M", "k"), "ru": ("П", "Т", "Г", "М", "к")},
+    "si_units": {"en": {"B": "B", "B/s": "B/s", "FLOP": "FLOP", "FLOP/s": "FLOP/s", "FLOP/B": "FLOP/B"},
+                 "ru": {"B": "Б", "B/s": "Б/с", "FLOP": "флоп", "FLOP/s": "флоп/с", "FLOP/B": "флоп/Б"}},
+    "time_units": {"en": ("s", "ms", "µs"), "ru": ("с", "мс", "мкс")},
+    # hovers of the two rooflines (the live one, the calculators'): Plotly formats the numbers
+    "roof_hover": {"en": "%{x:.3g} FLOP/B → %{y:.3s}FLOP/s", "ru": "%{x:.3g} флоп/Б → %{y:.3~e} флоп/с"},
+    "point_hover": {"en": "%{x:.3g} FLOP/B · %{y:.3s}FLOP/s", "ru": "%{x:.3g} флоп/Б · %{y:.3~e} флоп/с"},
     "draw_failed": {"en": "This chart cannot be drawn from this trace (a value in it is malformed)",
                     "ru": "Этот график нельзя построить по этой записи (в ней испорчено значение)"},
     "bpe_summary": {"en": "How byte-level BPE builds «{word}», merge by merge",
@@ -397,7 +439,7 @@ UI = {
                             "allocator would reserve the whole maximum length per sequence up front.",
                       "ru": "Ключи и значения прошлых токенов хранятся в блоках фиксированного размера. У каждой "
                             "последовательности есть таблица блоков — отображение логических блоков в физические; "
-                            "последовательности с общим префиксом делят блоки (refcount > 1), а освободившиеся блоки "
+                            "последовательности с общим префиксом делят блоки (счётчик ссылок > 1), а освободившиеся блоки "
                             "остаются в кэше до вытеснения. Наивный аллокатор сразу зарезервировал бы максимальную "
                             "длину."},
     "panel.timeline.title": {"en": "8 · Timeline & roofline", "ru": "8 · Хронология и roofline"},
@@ -559,11 +601,11 @@ UI = {
     "attn.x_head": {"en": "Head", "ru": "Голова"},
     "attn.y_layer": {"en": "Layer", "ru": "Слой"},
     "attn.lens_title": {"en": "Logit lens · top-1 next token after each layer (written where it changes)",
-                        "ru": "Logit lens · самый вероятный следующий токен после каждого слоя (подписан там, где он "
+                        "ru": "Логит-линза · самый вероятный следующий токен после каждого слоя (подписан там, где он "
                               "меняется)"},
     "attn.lens_empty": {"en": "Nothing captured yet: the engine records the logit lens only for steps taken while "
                               "this panel is in view (one engine serves the whole room). Press Step",
-                        "ru": "Пока ничего не записано: движок записывает logit lens только на шагах, сделанных, "
+                        "ru": "Пока ничего не записано: движок записывает логит-линзу только на шагах, сделанных, "
                               "пока эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»"},
     "attn.top1": {"en": "top-1 prob", "ru": "вер. top-1"},
     "attn.position": {"en": "position", "ru": "позиция"},
@@ -587,10 +629,10 @@ UI = {
     "attn.entropy_older": {"en": "attention of the {n} newer positions not kept (capture budget)",
                            "ru": "внимание {n} более новых позиций не сохранено (бюджет захвата)"},
     "attn.lens_freed": {"en": "logit lens of {n} positions not kept (capture budget)",
-                        "ru": "logit lens для {n} позиций не сохранён (бюджет захвата)"},
+                        "ru": "логит-линза для {n} позиций не сохранена (бюджет захвата)"},
     # app/charts/calculators.py
     "calc_chart.kv_title": {"en": "KV cache per token (left axis) and per sequence of {ctx} tokens (right axis)",
-                            "ru": "KV-кэш на токен (левая ось) и на последовательность из {ctx} токенов (правая ось)"},
+                            "ru": "KV-кэш на токен (слева) и на посл. из {ctx} ток. (справа)"},
     "calc_chart.per_token": {"en": "per token", "ru": "на токен"},
     "calc_chart.per_seq": {"en": "per sequence ({ctx} tokens)", "ru": "на последовательность ({ctx} ток.)"},
     "calc_chart.kv_hover": {"en": "<b>{model}</b> · {dtype}<br>{tok} per token<br>{seq} per sequence of {ctx} "
@@ -599,8 +641,7 @@ UI = {
                                   "{ctx} токенов<br>{batch} на батч из {b}"},
     "calc_chart.fit_title": {"en": "{model} in {dtype}, {ctx}-token context: how many sequences fit beside the "
                                    "weights",
-                             "ru": "{model} в {dtype}, контекст {ctx} ток.: сколько последовательностей помещается "
-                                   "рядом с весами"},
+                             "ru": "Сколько поместится: {model}, {dtype}, контекст {ctx}"},
     "calc_chart.gib": {"en": "memory (GiB)", "ru": "память (ГиБ)"},
     "calc_chart.weights": {"en": "weights", "ru": "веса"},
     "calc_chart.reserve": {"en": "reserve ({pct}% for activations, runtime, fragmentation)",
@@ -618,29 +659,28 @@ UI = {
                                    "{free}<br>KV на последовательность {kv}<br><b>последовательностей: {n}</b>"},
     "calc_chart.step_title": {"en": "Decode step lower bound: (weights + KV read) / bandwidth, batch {b}, "
                                     "{ctx}-token context",
-                              "ru": "Нижняя граница шага декодирования: (веса + чтение KV) / пропускная способность, "
-                                    "батч {b}, контекст {ctx} ток."},
+                              "ru": "Нижняя граница шага декодирования, батч {b}, {ctx} ток."},
     "calc_chart.ms": {"en": "ms per decode step (log)", "ru": "мс на шаг декодирования (лог.)"},
-    "calc_chart.step_hover": {"en": "<b>{gpu}</b> · {dtype}<br>weights {w} + KV read {kv} = {tot}<br>÷ {bw}/s = "
+    "calc_chart.step_hover": {"en": "<b>{gpu}</b> · {dtype}<br>weights {w} + KV read {kv} = {tot}<br>÷ {bw} = "
                                     "<b>{t}</b><br>≤ {tps} tokens/s per sequence",
-                              "ru": "<b>{gpu}</b> · {dtype}<br>веса {w} + чтение KV {kv} = {tot}<br>÷ {bw}/с = "
+                              "ru": "<b>{gpu}</b> · {dtype}<br>веса {w} + чтение KV {kv} = {tot}<br>÷ {bw} = "
                                     "<b>{t}</b><br>≤ {tps} токенов/с на последовательность"},
     "calc_chart.no_room": {"en": "does not fit in memory", "ru": "не помещается в памяти"},
     "calc_chart.roof_title": {"en": "Roofline of {gpu} ({dtype}): where decode and prefill sit",
-                              "ru": "Roofline для {gpu} ({dtype}): где находятся декодирование и префилл"},
+                              "ru": "Roofline {gpu} ({dtype}): декодирование и префилл"},
     "calc_chart.x": {"en": "arithmetic intensity (FLOP / byte moved)",
-                     "ru": "арифметическая интенсивность (FLOP / байт)"},
-    "calc_chart.y": {"en": "attainable FLOP/s", "ru": "достижимые FLOP/s"},
+                     "ru": "арифметическая интенсивность (флоп / байт)"},
+    "calc_chart.y": {"en": "attainable FLOP/s", "ru": "достижимые флоп/с"},
     "calc_chart.roof": {"en": "roof = min(peak, bandwidth × intensity)",
                         "ru": "крыша = min(пик, пропускная способность × интенсивность)"},
-    "calc_chart.ridge": {"en": "ridge {r} FLOP/B", "ru": "перегиб {r} FLOP/Б"},
+    "calc_chart.ridge": {"en": "ridge {r} FLOP/B", "ru": "перегиб {r} флоп/Б"},
     "calc_chart.decode_b": {"en": "decode, batch {b}", "ru": "декодирование, батч {b}"},
     "calc_chart.prefill_n": {"en": "prefill, {n}", "ru": "префилл, {n}"},
     "calc_chart.decode_dtypes": {"en": "decode, batch 1, other dtypes", "ru": "декодирование, батч 1, другие типы"},
-    "calc_chart.pt_hover": {"en": "<b>{name}</b><br>{flops} FLOP over {bytes}<br>intensity {i} FLOP/B<br>attainable "
-                                  "{att}FLOP/s ({bound})",
-                            "ru": "<b>{name}</b><br>{flops} FLOP на {bytes}<br>интенсивность {i} FLOP/Б<br>достижимо "
-                                  "{att}FLOP/s ({bound})"},
+    "calc_chart.pt_hover": {"en": "<b>{name}</b><br>{flops} over {bytes}<br>intensity {i} FLOP/B<br>attainable "
+                                  "{att} ({bound})",
+                            "ru": "<b>{name}</b><br>{flops} на {bytes}<br>интенсивность {i} флоп/Б<br>достижимо "
+                                  "{att} ({bound})"},
     "calc_chart.mem_bound": {"en": "memory-bound", "ru": "упор в память"},
     "calc_chart.compute_bound": {"en": "compute-bound", "ru": "упор в вычисления"},
     "calc_chart.spec_title": {"en": "Speculative decoding, draft cost c = {c}: speedup over α (left) and over α × k "
@@ -648,8 +688,8 @@ UI = {
                               "ru": "Спекулятивное декодирование, стоимость черновика c = {c}: ускорение по α "
                                     "(слева) и по α × k (справа)"},
     "calc_chart.alpha": {"en": "acceptance rate α", "ru": "доля принятых α"},
-    "calc_chart.speedup": {"en": "speedup E / (1 + k·c)", "ru": "ускорение E / (1 + k·c)"},
-    "calc_chart.k": {"en": "draft length k", "ru": "длина черновика k"},
+    "calc_chart.speedup": {"en": "speedup E / (1 + k·c)", "ru": "ускорение E/(1+k·c)"},
+    "calc_chart.k": {"en": "draft length k", "ru": "длина k"},
     "calc_chart.line_k": {"en": "k = {k}", "ru": "k = {k}"},
     "calc_chart.e_line": {"en": "E tokens per pass, k = {k}", "ru": "E токенов за проход, k = {k}"},
     "calc_chart.breakeven": {"en": "no gain (speedup 1)", "ru": "без выигрыша (ускорение 1)"},
@@ -721,9 +761,9 @@ UI = {
     "kv.shared_by": {"en": "shared by seqs", "ru": "общий для посл."},
     "kv.memory": {"en": "KV memory", "ru": "Память KV"},
     "kv.memory_title": {"en": "KV memory: paged pool vs a naive contiguous allocator",
-                        "ru": "Память KV: страничный пул против наивного непрерывного выделения"},
+                        "ru": "Память KV: страничный пул и наивное выделение"},
     "kv.rows": {"en": ["paged pool", "paged: used blocks", "naive contiguous"],
-                "ru": ["страничный пул", "страничный: занятые блоки", "наивный непрерывный"]},
+                "ru": ["страничный пул", "занятые блоки", "наивный"]},
     "kv.used": {"en": "used blocks", "ru": "занятые блоки"},
     "kv.cached": {"en": "cached (reusable prefix)", "ru": "в кэше (префиксы)"},
     "kv.free_": {"en": "free", "ru": "свободно"},
@@ -753,6 +793,7 @@ UI = {
     "logits.ppl_name": {"en": "Log-probability and perplexity", "ru": "Лог-вероятности и перплексия"},
     "logits.ppl_empty": {"en": "Generate a few tokens to see their log-probabilities and perplexity",
                          "ru": "Сгенерируйте несколько токенов, чтобы увидеть их лог-вероятности и перплексию"},
+    "logits.bits": {"en": "bits", "ru": "бит"},
     "logits.logprob": {"en": "log p(token)", "ru": "log p(токен)"},
     "logits.expected": {"en": "expected log p (−entropy)", "ru": "ожидаемый log p (−энтропия)"},
     "logits.running": {"en": "running perplexity", "ru": "накопленная перплексия"},
@@ -762,8 +803,15 @@ UI = {
     "logits.entropy": {"en": "entropy", "ru": "энтропия"},
     # app/charts/sampling.py
     "sampling.chain": {"en": "Sampling chain", "ru": "Цепочка сэмплирования"},
-    "sampling.chain_title": {"en": "Sampling chain → {tok} (p = {p:.3f}, raw rank {rank})",
-                             "ru": "Цепочка сэмплирования → {tok} (p = {p:.3f}, ранг по логитам {rank})"},
+    # the chain's stages, named like engine/sampling.py's (the names stay the trace's own)
+    "sampling.stage_names": {"en": {"logits": "logits", "penalties": "penalties", "temperature": "temperature",
+                                    "min_p": "min_p", "top_k": "top_k", "top_p": "top_p"},
+                             "ru": {"logits": "логиты", "penalties": "штрафы", "temperature": "температура",
+                                    "min_p": "min-p", "top_k": "top-k", "top_p": "top-p"}},
+    "sampling.logit": {"en": "logit", "ru": "логит"},
+    "sampling.slice": {"en": "slice", "ru": "отрезок"},
+    "sampling.chain_title": {"en": "Sampling chain → «{tok}» (p = {p:.3f}, raw rank {rank})",
+                             "ru": "Цепочка сэмплирования → «{tok}» (p = {p:.3f}, ранг по логитам {rank})"},
     "sampling.what_if": {"en": "what-if (not applied until the next step)",
                          "ru": "что-если (применится только со следующего шага)"},
     "sampling.what_if_badge": {"en": "WHAT-IF", "ru": "ЧТО-ЕСЛИ"},
@@ -775,11 +823,11 @@ UI = {
     "sampling.prob": {"en": "probability", "ru": "вероятность"},
     "sampling.removed_mass": {"en": "removed", "ru": "отсечено"},
     "sampling.cdf": {"en": "Inverse-CDF draw", "ru": "Выбор по обратной CDF"},
-    "sampling.cdf_title": {"en": "Inverse-CDF draw: u = {u:.4f} → {tok} (p = {p:.3f})",
-                           "ru": "Выбор по обратной CDF: u = {u:.4f} → {tok} (p = {p:.3f})"},
+    "sampling.cdf_title": {"en": "Inverse-CDF draw: u = {u:.4f} → «{tok}» (p = {p:.3f})",
+                           "ru": "Выбор по обратной CDF: u = {u:.4f} → «{tok}» (p = {p:.3f})"},
     "sampling.greedy": {"en": "temperature 0: argmax, no draw", "ru": "температура 0: argmax, без розыгрыша"},
-    "sampling.greedy_title": {"en": "Greedy: {tok} (temperature 0: argmax, no draw)",
-                              "ru": "Жадно: {tok} (температура 0: argmax, без розыгрыша)"},
+    "sampling.greedy_title": {"en": "Greedy: «{tok}» (temperature 0: argmax, no draw)",
+                              "ru": "Жадно: «{tok}» (температура 0: argmax, без розыгрыша)"},
     "sampling.cum": {"en": "cumulative probability", "ru": "накопленная вероятность"},
     "sampling.draw_order": {"en": "surviving tokens in draw order (most probable first)",
                             "ru": "оставшиеся токены в порядке розыгрыша (самые вероятные первыми)"},
@@ -915,21 +963,23 @@ UI = {
     "timeline.roofline_title": {"en": "Roofline of this machine<br><span style='font-size:11px;color:#555'>each "
                                       "step's arithmetic intensity vs achieved FLOP/s</span>",
                                 "ru": "Roofline этой машины<br><span "
-                                      "style='font-size:11px;color:#555'>арифметическая интенсивность шага и "
-                                      "достигнутые FLOP/s</span>"},
+                                      "style='font-size:11px;color:#555'>интенсивность шагов и их флоп/с</span>"},
     "timeline.no_roof": {"en": "No forward pass measured yet: step the engine.",
                          "ru": "Прямых проходов ещё не было: сделайте шаг."},
     "timeline.bad_machine": {"en": "The machine's bandwidth and peak FLOP/s are not known yet.",
-                             "ru": "Пропускная способность памяти и пиковые FLOP/s машины ещё не измерены."},
+                             "ru": "Пропускная способность памяти и пиковая производительность машины ещё не измерены."},
     "timeline.x": {"en": "arithmetic intensity (FLOP / byte moved)",
-                   "ru": "арифметическая интенсивность (FLOP / байт)"},
-    "timeline.y": {"en": "achieved FLOP/s (forward pass)", "ru": "достигнутые FLOP/s (прямой проход)"},
+                   "ru": "арифметическая интенсивность (флоп / байт)"},
+    "timeline.y": {"en": "achieved FLOP/s (forward pass)", "ru": "достигнутые флоп/с (прямой проход)"},
     "timeline.roof": {"en": "roof = min(peak, bandwidth × intensity)",
                       "ru": "крыша = min(пик, пропускная способность × интенсивность)"},
-    "timeline.ridge": {"en": "ridge {r:.1f} FLOP/B", "ru": "перегиб {r:.1f} FLOP/Б"},
-    "timeline.mem_bound": {"en": "memory-bound: {bw}/s", "ru": "упор в память: {bw}/с"},
+    "timeline.ridge": {"en": "ridge {r:.1f} FLOP/B", "ru": "перегиб {r:.1f} флоп/Б"},
+    "timeline.mem_bound": {"en": "memory-bound: {bw}", "ru": "упор в память: {bw}"},
     "timeline.compute_bound": {"en": "compute peak: {pf}", "ru": "пик вычислений: {pf}"},
     "timeline.of_roof": {"en": "of the roof", "ru": "от крыши"},
+    "timeline.roof_name": {"en": "roof", "ru": "крыша"},
+    "timeline.step_ms": {"en": "step %{y:.1f} ms", "ru": "шаг %{y:.1f} мс"},
+    "timeline.forward_ms": {"en": "forward %{customdata[2]:.1f} ms", "ru": "прямой проход %{customdata[2]:.1f} мс"},
     # app/charts/tokens.py
     "bytes_chart.title": {"en": "Bytes per token · mean {mean:.2f}", "ru": "Байт на токен · в среднем {mean:.2f}"},
     "bytes_chart.empty_title": {"en": "Bytes per token", "ru": "Байт на токен"},

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 import threading
@@ -51,6 +52,7 @@ class ModelHolder:
             return
         self.model_id, self.spec = base.model_id, base.spec
         registry.base = base
+        gc.freeze()  # what loading made lives as long as the process: later collections need not walk it
         self.ready, self.progress, self.message = True, 1.0, "ready"
 
 
@@ -200,7 +202,9 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     # not "/static": Gradio serves its own fonts and scripts there, and a mount declared first would hide them
     app.mount("/lab-static", StaticFiles(directory=str(STATIC)), name="lab-static")
     # uploads (traces) are capped by Gradio before they reach a handler; app/trace.py checks what is inside
+    # footer_links=[]: no Gradio footer. Its links (Gradio's API page, settings, run history) are not the lab's,
+    # and their text follows the browser's language, not the page's switch: a Russian page showed them English.
     app = gr.mount_gradio_app(app, demo, path="/", head=head_html(), theme=gr.themes.Soft(), ssr_mode=False,
-                              max_file_size=MAX_UPLOAD_BYTES)
+                              max_file_size=MAX_UPLOAD_BYTES, footer_links=[])
     app.state.registry, app.state.holder, app.state.hub, app.state.lecture = registry, holder, hub, lecture
     return app, holder

@@ -30,9 +30,20 @@ HIDDEN = "il-hidden"  # rendered but hidden with CSS: Gradio drops invisible com
 # each language is named in itself, so a reader finds theirs whichever language the page is in
 LANG_CHOICES = [("English", "en"), ("Русский", "ru")]
 CALC_INPUTS = ("model", "dtype", "context", "batch", "gpu", "alpha", "k", "draft_cost")
+SPEC_METHODS = ("ngram", "early_exit", "draft")  # engine.SpeculativeConfig's methods, named by "spec_method.<m>"
 
 
 # ---- static HTML ---------------------------------------------------------------------------------------
+def spec_methods(lang: str) -> list[tuple[str, str]]:
+    """The drafter radio's choices: (what the page shows, the method the engine takes)."""
+    return [(t(f"spec_method.{m}", lang), m) for m in SPEC_METHODS]
+
+
+def chart_names(lang: str) -> list[tuple[str, str]]:
+    """The export picker's choices: (the chart's name, its container id)."""
+    return [(t(f"chart_name.{cid}", lang), cid) for cid in render.CHART_IDS]
+
+
 def header_html(lang: str) -> str:
     return (f'<h1 class="il-title">{html.escape(t("title", lang))}</h1>'
             f'<p class="il-sub">{html.escape(t("subtitle", lang))}</p>')
@@ -143,7 +154,7 @@ def _request_controls(c) -> None:
 def _speculative_box(c) -> None:
     with gr.Accordion(t("spec_box", "en"), open=False, elem_id="speculative") as c.spec_acc:
         c.spec_on = gr.Checkbox(value=False, label=t("spec_on", "en"), elem_id="spec_on")
-        c.spec_method = gr.Radio(["ngram", "early_exit", "draft"], value="ngram", label=t("spec_method", "en"),
+        c.spec_method = gr.Radio(spec_methods("en"), value="ngram", label=t("spec_method", "en"),
                                  elem_id="spec_method")
         with gr.Row():
             c.spec_k = gr.Slider(1, 8, value=4, step=1, label=t("spec_k", "en"), elem_id="spec_k")
@@ -201,7 +212,7 @@ def _trace_box(c) -> None:
             c.trace_load = gr.UploadButton(t("trace_load", "en"), file_types=[".json", ".gz"], elem_id="trace_load",
                                            size="sm")
         with gr.Row():
-            c.export_chart = gr.Dropdown(render.CHART_IDS, value="chart-logits", label=t("chart", "en"),
+            c.export_chart = gr.Dropdown(chart_names("en"), value="chart-logits", label=t("chart", "en"),
                                          elem_id="export_chart")
             c.export_fmt = gr.Radio(["png", "html"], value="png", label=t("format", "en"), elem_id="export_fmt")
         c.export_btn = gr.Button(t("export_btn", "en"), elem_id="export_btn", size="sm")
@@ -331,22 +342,25 @@ def _wire_language(c, h: LabHandlers, tools: ToolHandlers) -> None:
               (c.force_btn, "value", "force_btn"), (c.rewind_btn, "value", "rewind_btn"),
               (c.lecture_box, "label", "lecture"), (c.token, "label", "token"), (c.present_btn, "value", "present"),
               (c.unpresent_btn, "value", "unpresent"), (c.spec_acc, "label", "spec_box"),
-              (c.spec_on, "label", "spec_on"), (c.spec_method, "label", "spec_method"),
+              (c.spec_on, "label", "spec_on"),
               (c.spec_k, "label", "spec_k"), (c.spec_exit, "label", "spec_exit"),
               (c.spec_adaptive, "label", "spec_adaptive"), (c.spec_measure, "value", "spec_measure"),
               (c.tour_acc, "label", "tour"), (c.tour_start, "value", "tour_start"),
               (c.tour_back, "value", "tour_back"), (c.tour_next, "value", "tour_next"),
               (c.trace_acc, "label", "trace_box"), (c.trace_export, "value", "trace_export"),
-              (c.trace_load, "label", "trace_load"), (c.export_chart, "label", "chart"),
+              (c.trace_load, "label", "trace_load"),
               (c.export_fmt, "label", "format"), (c.export_btn, "value", "export_btn"),
               (c.download, "label", "download")]
 
     def relabel(lang):
         return ([gr.update(**{attr: t(key, lang)}) for _, attr, key in keyed]
                 + [gr.update(label=t("examples", lang), samples=[[e] for e in EXAMPLES[lang]]),
+                   gr.update(label=t("spec_method", lang), choices=spec_methods(lang)),
+                   gr.update(label=t("chart", lang), choices=chart_names(lang)),
                    header_html(lang), calc_header_html(lang)])
 
-    c.lang.change(relabel, c.lang, [ctl for ctl, _, _ in keyed] + [c.examples, c.header, c.calc_head])
+    choosers = [c.examples, c.spec_method, c.export_chart]  # their choices change language too
+    c.lang.change(relabel, c.lang, [ctl for ctl, _, _ in keyed] + choosers + [c.header, c.calc_head])
     c.lang.change(h.language, c.view, c.payload, show_progress="hidden")
     c.lang.change(h.status, c.lang, [c.status, c.timer, c.layer, c.head], show_progress="hidden")
     c.lang.change(tools.tour_box, c.lang, c.tour_box, show_progress="hidden")

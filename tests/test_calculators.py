@@ -260,7 +260,7 @@ def test_ru_charts_and_plural_forms():
     assert calc._q(11, "tokens", "ru") == "11 токенов" and calc._q(0.5, "bytes", "ru") == "0,5 байта"
     assert calc._q(131072, "bytes", "ru") == "131\u202f072 байта"
     assert charts.fmt_bytes(536870912, "ru") == "512 МиБ" and charts.fmt_bytes(131072) == "128 KiB"
-    assert charts.fmt_bytes_dec(3.35e12, "ru") == "3,35 ТБ" and charts.fmt_bytes_dec(3.35e12) == "3.35 TB"
+    assert charts.fmt_si(3.35e12, "B/s", "ru") == "3,35 ТБ/с" and charts.fmt_si(3.35e12, "B/s") == "3.35 TB/s"
 
 
 # ---- the live model and this machine --------------------------------------------------------------------

@@ -333,7 +333,7 @@ def test_russian_titles_and_words(hand):
     assert _title(pool).startswith("Общий пул KV: занято 12 из 40 блоков") and "попадания 64 %" in _title(pool)
     assert _title(tps) == t("room_tps_title", "ru").format(w="5")
     assert _title(size) == t("room_size_title", "ru")
-    assert "tab 2 (вы)" in _note(batch) and "префилл" in _note(batch) and "проверка черновика" in _note(batch)
+    assert "вкладка 2 (вы)" in _note(batch) and "префилл" in _note(batch) and "проверка черновика" in _note(batch)
     assert axis_title(batch, "xaxis") == "шаг" and axis_title(tps, "yaxis") == "ток/с"
     assert "1 — без батчинга" in _note(size)
     assert "вытеснена: пул KV заполнен" in room.event_log_html(recs, ME, "ru")

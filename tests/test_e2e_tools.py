@@ -183,7 +183,7 @@ def test_speculative_panel_shows_accepted_and_rejected_drafts(lab):
     url, app, b = lab
     page = open_lab(b, url)
     open_accordion(page, "speculative")
-    page.click("#spec_method label:has-text('early_exit')")
+    page.click("#spec_method label:has-text('early exit')")
     page.fill("#spec_exit input[type=number]", "29")
     page.press("#spec_exit input[type=number]", "Enter")
     page.check("#spec_on input[type=checkbox]")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from .common import FREE, GREY, empty, figure, fmt_bytes, fmt_num, layout
-from ..i18n import texts
+from .common import FREE, GREY, empty, figure, fmt_bytes, fmt_int, fmt_num, fmt_si, layout
+from ..i18n import t, texts
 
 UIREV_KV = "chart-calc-kv"
 UIREV_FIT = "chart-calc-fit"
@@ -30,42 +30,13 @@ def _t(lang: str) -> dict:
 
 # ---- number formatting (shared with the formulas in app.calculators; fmt_num and fmt_bytes: .common) ----
 
-def fmt_int(n: float, lang: str = "en") -> str:
-    """An integer; thousands are grouped from 10 000 up (a thin space in Russian, a comma in English)."""
-    n = int(round(n))
-    if abs(n) < 10000:
-        return str(n)
-    return f"{n:,}".replace(",", "\u202f" if lang == "ru" else ",")
-
-
 def fmt_seconds(s: float, lang: str = "en") -> str:
-    ru = lang == "ru"
+    seconds, ms, us = t("time_units", lang)
     if s >= 1:
-        return f"{fmt_num(s, lang)} {'с' if ru else 's'}"
+        return f"{fmt_num(s, lang)} {seconds}"
     if s >= 1e-3:
-        return f"{fmt_num(s * 1e3, lang)} {'мс' if ru else 'ms'}"
-    return f"{fmt_num(s * 1e6, lang)} {'мкс' if ru else 'µs'}"
-
-
-def fmt_si(v: float, unit: str, lang: str = "en") -> str:
-    """Decimal SI prefixes: 3.35e12, 'B' -> '3.35 TB' (Russian units are written by the caller)."""
-    v = float(v)
-    for p, d in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(v) >= d:
-            return f"{fmt_num(v / d, lang)} {p}{unit}"
-    return f"{fmt_num(v, lang)} {unit}"
-
-
-_RU_PREFIX = {"P": "П", "T": "Т", "G": "Г", "M": "М", "k": "к"}
-
-
-def fmt_bytes_dec(v: float, lang: str = "en") -> str:
-    """Decimal byte units, as bandwidths are quoted: 3.35e12 -> '3.35 TB' ('3,35 ТБ')."""
-    s = fmt_si(v, "B", lang)
-    if lang != "ru":
-        return s
-    num, unit = s.rsplit(" ", 1)
-    return f"{num} {_RU_PREFIX.get(unit[:-1], '')}Б" if len(unit) > 1 else f"{num} Б"
+        return f"{fmt_num(s * 1e3, lang)} {ms}"
+    return f"{fmt_num(s * 1e6, lang)} {us}"
 
 
 def byte_ticks(lo: float, hi: float, lang: str = "en", max_ticks: int = 8) -> tuple[list[float], list[str]]:
@@ -222,7 +193,7 @@ def step_chart(rows: list[dict], dtypes: list[dict], context: int, batch: int, l
         for r, c in zip(rows, cells):
             h = tx["step_hover"].format(gpu=r["label"], dtype=d["label"], w=fmt_bytes(c["weight_bytes"], lang),
                                         kv=fmt_bytes(c["kv_bytes"], lang), tot=fmt_bytes(c["bytes"], lang),
-                                        bw=_bw(r["bandwidth"], lang), t=fmt_seconds(c["seconds"], lang),
+                                        bw=fmt_si(r["bandwidth"], "B/s", lang), t=fmt_seconds(c["seconds"], lang),
                                         tps=fmt_num(1.0 / c["seconds"], lang))
             hover.append(h if c["fits"] else h + f"<br><i>{tx['no_room']}</i>")
         data.append(dict(type="bar", name=d["label"], x=xs, y=ms, customdata=hover, showlegend=True,
@@ -240,10 +211,6 @@ def step_chart(rows: list[dict], dtypes: list[dict], context: int, batch: int, l
                  yaxis=dict(type="log", title=dict(text=tx["ms"]), range=_log_range(min(all_ms), max(all_ms), 2.5),
                             gridcolor="#EEE"))
     return figure(data, lay)
-
-
-def _bw(bandwidth: float, lang: str) -> str:
-    return fmt_bytes_dec(bandwidth, lang)
 
 
 # ---- (d) roofline with decode and prefill -------------------------------------------------------------------
@@ -269,13 +236,13 @@ def roofline_chart(device: dict, points: list[dict], dtype: str, lang: str = "en
 
     def hover(p):
         bound = tx["mem_bound"] if p["intensity"] < ridge else tx["compute_bound"]
-        return tx["pt_hover"].format(name=p["label"], flops=fmt_si(p["flops"], "", lang).strip(),
+        return tx["pt_hover"].format(name=p["label"], flops=fmt_si(p["flops"], "FLOP", lang),
                                      bytes=fmt_bytes(p["bytes"], lang), i=fmt_num(p["intensity"], lang),
-                                     att=fmt_si(p["attainable"], "", lang), bound=bound)
+                                     att=fmt_si(p["attainable"], "FLOP/s", lang), bound=bound)
 
     data = [dict(type="scatter", name="roof", mode="lines", x=roof_x, y=roof_y, showlegend=False,
                  line=dict(color=ROOF_COLOR, width=2.5),
-                 hovertemplate=f"{tx['roof']}<br>%{{x:.3g}} FLOP/B → %{{y:.3s}}FLOP/s<extra></extra>"),
+                 hovertemplate=f"{tx['roof']}<br>{t('roof_hover', lang)}<extra></extra>"),
             dict(type="scatter", name="ridge", mode="lines", x=[ridge, ridge], y=[roof_y[0], pf], showlegend=False,
                  hoverinfo="skip", line=dict(color="#999", width=1, dash="dot"))]
     if dtype_points:

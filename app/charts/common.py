@@ -262,6 +262,14 @@ def fmt_num(x: float, lang: str = "en", sig: int = 3) -> str:
     return s.replace(".", ",") if lang == "ru" else s
 
 
+def fmt_int(n: float, lang: str = "en") -> str:
+    """An integer; thousands are grouped from 10 000 up (a thin space in Russian, a comma in English)."""
+    n = int(round(n))
+    if abs(n) < 10000:
+        return str(n)
+    return f"{n:,}".replace(",", "\u202f" if lang == "ru" else ",")
+
+
 def fmt_bytes(b: float, lang: str = "en") -> str:
     """The byte formatter: binary units, as memory is sized. 131072 -> '128 KiB', 1572864 -> '1.5 MiB'
     ('1,5 МиБ')."""
@@ -272,3 +280,14 @@ def fmt_bytes(b: float, lang: str = "en") -> str:
         b /= 1024
         i += 1
     return f"{fmt_num(b, lang)} {units[i]}"
+
+
+def fmt_si(v: float, unit: str = "", lang: str = "en") -> str:
+    """Decimal SI prefixes, as rates and operation counts are quoted: fmt_si(3.35e12, "B/s") -> '3.35 TB/s'
+    ('3,35 ТБ/с'). unit: a key of i18n's "si_units" ("B", "B/s", "FLOP", "FLOP/s"), or none."""
+    name = t("si_units", lang)[unit] if unit else ""
+    v = float(v)
+    for prefix, d in zip(t("si_prefixes", lang), (1e15, 1e12, 1e9, 1e6, 1e3)):
+        if abs(v) >= d:
+            return f"{fmt_num(v / d, lang)} {prefix}{name}"
+    return f"{fmt_num(v, lang)} {name}".rstrip()

@@ -150,7 +150,7 @@ def perplexity_chart(events, seq_id: int, lang: str = "en", max_points: int = MA
     data = [
         dict(type="bar", name=t["logprob"], x=x, y=lp, customdata=custom, marker=dict(color=LOGIT_COLOR),
              hovertemplate=f"#%{{x}} %{{customdata[0]}}<br>{t['logprob']} = %{{y:.3f}} (p = %{{customdata[1]:.3f}})"
-                           f"<br>{t['entropy']} %{{customdata[2]:.2f}} bits<extra></extra>"),
+                           f"<br>{t['entropy']} %{{customdata[2]:.2f}} {t['bits']}<extra></extra>"),
         dict(type="scatter", mode="lines+markers", name=t["expected"], x=x, y=-ent, customdata=custom,
              line=dict(color="#54A24B", dash="dot", width=1.5), marker=dict(size=4),
              hovertemplate=f"#%{{x}} %{{customdata[0]}}<br>{t['expected']} = %{{y:.3f}}<extra></extra>"),

@@ -19,7 +19,7 @@ import math
 import re
 import zlib
 
-from ..i18n import t
+from ..i18n import UI, t
 from .common import BAR, GREY, LINE, SEQ_COLORS, empty, figure, layout, legend_key, markup
 from .kv_cache import COLS, FREE_COLOR
 
@@ -82,8 +82,14 @@ def owner_color(owner: str) -> str:
 
 
 def owner_name(owner: str, me: str, lang: str) -> str:
-    """The label as a chart shows it: this tab's own is "tab 2 (you)"; a sequence with no owner "—"."""
-    return f"{owner} ({t('room_you', lang)})" if me and owner == me else owner or "—"
+    """The label as a chart shows it, in the page's language: "tab 2" is "вкладка 2" on a Russian page, this
+    tab's own is "tab 2 (you)"; a sequence with no owner "—"."""
+    if not owner:
+        return "—"
+    kind, num = _label_parts(owner)
+    key = f"room_owner.{kind}"
+    name = (t(key, lang) if key in UI else kind) + ("" if num is None else f" {num}")
+    return f"{name} ({t('room_you', lang)})" if me and owner == me else name
 
 
 def _note(lang: str, replay: bool) -> str:

@@ -91,6 +91,7 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
             cd.append([ids[i], full[i], "−∞" if lv is None else f"{lv:.3f}",
                        tx["kept"] if kept[i] else tx["removed"], probs[i]])
         name = st.get("name", f"stage {k}")
+        label = tx["stage_names"].get(name, name)
         origin = k * col
         data.append(dict(
             type="bar", orientation="h", name=name, x=probs, base=origin, y=list(range(n)),
@@ -98,7 +99,7 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
             opacity=1.0 if active else 0.35, text=bar_text, textposition="outside", cliponaxis=False,
             customdata=cd,
             hovertemplate=("%{customdata[1]} (id %{customdata[0]})<br>p = %{customdata[4]:.4f}"
-                           "<br>logit = %{customdata[2]}<br>%{customdata[3]}<extra>" + name + "</extra>"),
+                           "<br>" + tx["logit"] + " = %{customdata[2]}<br>%{customdata[3]}<extra>" + label + "</extra>"),
         ))
         tickvals += [origin, origin + tick]
         ticktext += ["0", f"{tick:.0%}" if tick >= 0.01 else f"{tick:.1%}"]
@@ -108,14 +109,14 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
         kept_n = int(st.get("num_kept", 0))
         # one short item per line: a column is about 60 px wide in the page's two-column layout
         if not active:
-            sub = f"<b>{name}</b><br>{tx['off']}"
+            sub = f"<b>{label}</b><br>{tx['off']}"
         else:
-            sub = f"<b>{name}</b><br>{kept_n:,}" + (f"<br>−{removed:.1%}" if removed > 0 else "")
+            sub = f"<b>{label}</b><br>{kept_n:,}" + (f"<br>−{removed:.1%}" if removed > 0 else "")
         # headers alternate between two rows: "penalties" and "temperature" side by side would overlap
         annotations.append(dict(text=sub, x=x0 + width / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
                                 yanchor="bottom", yshift=HEADER_ROW * (k % 2), showarrow=False,
                                 font=dict(size=10, color="#333" if active else "#999"),
-                                hovertext=tx["stage_hover"].format(name=name, kept=kept_n, vocab=vocab, removed=removed)))
+                                hovertext=tx["stage_hover"].format(name=label, kept=kept_n, vocab=vocab, removed=removed)))
 
     tok = plain(texts[ids.index(chosen)] if chosen in ids else f"#{chosen}")
     title = tx["chain_title"].format(tok=tok, p=float(sampling.get("chosen_prob") or 0.0),
@@ -179,7 +180,7 @@ def sampling_cdf_chart(sampling: dict | None, lang: str = "en") -> dict:
              marker=dict(color=[ACCENT if t == chosen else KEPT_COLOR for t in tids]), opacity=0.55,
              customdata=cd,
              hovertemplate=("%{customdata[1]} (id %{customdata[0]})<br>p = %{customdata[2]:.4f}<br>"
-                            "slice [%{customdata[3]:.4f}, %{customdata[4]:.4f})<extra></extra>")),
+                            + tx["slice"] + " [%{customdata[3]:.4f}, %{customdata[4]:.4f})<extra></extra>")),
         dict(type="scatter", name="cdf", mode="lines+markers", x=xs, y=cum,
              line=dict(shape="hv", color="#333", width=2),
              marker=dict(size=5, color="#333"), customdata=cd,
@@ -195,7 +196,7 @@ def sampling_cdf_chart(sampling: dict | None, lang: str = "en") -> dict:
         if pos is not None:
             data.append(dict(type="scatter", name="chosen", mode="markers", x=[pos], y=[cum[pos]],
                              marker=dict(symbol="star", size=14, color=ACCENT),
-                             hovertemplate=f"{tx['chosen']}: {tok}<extra></extra>"))
+                             hovertemplate=f"{tx['chosen']}: «{tok}»<extra></extra>"))
     else:
         title = tx["cdf_title"].format(u=u, tok=tok, p=float(sampling.get("chosen_prob") or 0.0))
         data.append(dict(type="scatter", name="u", mode="lines", x=[-0.5, m - 0.5], y=[u, u],
@@ -205,7 +206,7 @@ def sampling_cdf_chart(sampling: dict | None, lang: str = "en") -> dict:
             data.append(dict(type="scatter", name="chosen", mode="markers+text", x=[pos], y=[u],
                              marker=dict(symbol="star", size=14, color=ACCENT), text=[tok],
                              textposition="middle right",
-                             hovertemplate=(f"{tx['chosen']}: {tok}<br>u = {u:.4f} ∈ [{base[pos]:.4f}, "
+                             hovertemplate=(f"{tx['chosen']}: «{tok}»<br>u = {u:.4f} ∈ [{base[pos]:.4f}, "
                                             f"{cum[pos]:.4f})<extra></extra>")))
     tail = 1.0 - (cum[-1] if cum else 0.0)
     if tail > 1e-4 and not greedy:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 
-from .common import GREY, empty, figure, layout
+from .common import GREY, empty, figure, fmt_si, layout
 from .common import field as _g
-from ..i18n import texts
+from ..i18n import t, texts
 
 UIREV_TIMELINE = "chart-timeline"
 UIREV_LATENCY = "chart-latency"
@@ -32,14 +32,6 @@ def step_kind(event) -> str:
     if phases == {"decode"}:
         return "decode"
     return "mixed"
-
-
-def _si(v: float, unit: str) -> str:
-    v = float(v)
-    for p, d in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(v) >= d:
-            return f"{v / d:.3g} {p}{unit}"
-    return f"{v:.3g} {unit}"
 
 
 def _legend(name: str, color: str, symbol: str = "square") -> dict:
@@ -76,7 +68,7 @@ def timeline_chart(events, lang: str = "en") -> dict:
     data = [dict(type="bar", name="steps", x=xs, y=ys, showlegend=False,
                  marker=dict(color=[KIND_COLORS[k] for k in kinds]),
                  customdata=[_step_hover(e, tx) for e in events],
-                 hovertemplate="%{customdata}<br>step %{y:.1f} ms<extra></extra>")]
+                 hovertemplate="%{customdata}<br>" + tx["step_ms"] + "<extra></extra>")]
     for k in ("prefill", "decode", "mixed"):
         if k in kinds:
             data.append(_legend(tx["kinds"][k], KIND_COLORS[k]))
@@ -174,14 +166,15 @@ def roofline_chart(events, bandwidth: float, peak_flops: float, lang: str = "en"
     roof_y = [min(pf, bw * x) for x in roof_x]
     pct = [100.0 * y / min(pf, bw * x) for x, y in zip(xs, ys)]
     data = [
-        dict(type="scatter", name="roof", mode="lines", x=roof_x, y=roof_y, line=dict(color=ROOF_COLOR, width=2.5),
-             hovertemplate=f"{tx['roof']}<br>%{{x:.3g}} FLOP/B → %{{y:.3s}}FLOP/s<extra></extra>"),
+        dict(type="scatter", name=tx["roof_name"], mode="lines", x=roof_x, y=roof_y,
+             line=dict(color=ROOF_COLOR, width=2.5),
+             hovertemplate=f"{tx['roof']}<br>{t('roof_hover', lang)}<extra></extra>"),
         dict(type="scatter", name="steps", mode="markers", x=xs, y=ys, showlegend=False,
              marker=dict(size=9, color=[KIND_COLORS[p["kind"]] for p in pts], line=dict(color="white", width=1)),
              customdata=[[p["step"], p["tokens"], p["forward_ms"], q, tx["kinds"][p["kind"]]]
                          for p, q in zip(pts, pct)],
              hovertemplate=(f"<b>{tx['step']} %{{customdata[0]}}</b> · %{{customdata[4]}}<br>%{{customdata[1]}} "
-                            f"{tx['tok']} · forward %{{customdata[2]:.1f}} ms<br>%{{x:.3g}} FLOP/B · %{{y:.3s}}FLOP/s"
+                            f"{tx['tok']} · {tx['forward_ms']}<br>{t('point_hover', lang)}"
                             f"<br>%{{customdata[3]:.1f}}% {tx['of_roof']}<extra></extra>")),
     ]
     for k in ("prefill", "decode", "mixed"):
@@ -191,10 +184,10 @@ def roofline_chart(events, bandwidth: float, peak_flops: float, lang: str = "en"
         dict(x=math.log10(ridge), y=math.log10(pf), xref="x", yref="y", text=tx["ridge"].format(r=ridge),
              showarrow=True, arrowhead=2, ax=0, ay=-30, font=dict(size=11)),
         dict(x=math.log10(math.sqrt(lo * ridge)), y=math.log10(bw * math.sqrt(lo * ridge)), xref="x", yref="y",
-             text=tx["mem_bound"].format(bw=_si(bw, "B")), showarrow=False, yshift=12, textangle=0,
+             text=tx["mem_bound"].format(bw=fmt_si(bw, "B/s", lang)), showarrow=False, yshift=12, textangle=0,
              font=dict(size=10, color="#555")),
         dict(x=math.log10(math.sqrt(ridge * hi)), y=math.log10(pf), xref="x", yref="y",
-             text=tx["compute_bound"].format(pf=_si(pf, "FLOP/s")), showarrow=False, yshift=10,
+             text=tx["compute_bound"].format(pf=fmt_si(pf, "FLOP/s", lang)), showarrow=False, yshift=10,
              font=dict(size=10, color="#555")),
     ]
     ymin = min(min(ys), roof_y[0]) / 3

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import html
 from ..charts.common import field as _g
-from ..charts.common import fmt_bytes
-from ..i18n import texts
+from ..charts.common import fmt_bytes, fmt_int
+from ..i18n import t, texts
 
 
 def _num(v) -> str:
@@ -30,8 +30,9 @@ def kv_formula_html(event, lang: str = "en") -> str:
     nb = int(kv.get("num_blocks", 0))
     block_bytes = kv.get("block_bytes", bpt * bs)
     pool = kv.get("pool_bytes", block_bytes * nb)
-    line1 = (f"2 × {_num(layers)} {tx['layers']} × {_num(heads)} {tx['kv_heads']} × {_num(dim)} × {_num(be)} B = "
-             f'<b class="il-formula-result">{bpt:,} B</b> {tx["per_token"]}')
+    byte = t("byte_units", lang)[0]
+    line1 = (f"2 × {_num(layers)} {tx['layers']} × {_num(heads)} {tx['kv_heads']} × {_num(dim)} × {_num(be)} {byte} = "
+             f'<b class="il-formula-result">{fmt_int(bpt, lang)} {byte}</b> {tx["per_token"]}')
     line2 = (f"{tx['block'].format(bs=bs)} = <b class=\"il-formula-result\">{fmt_bytes(block_bytes, lang)}</b>; "
              f"{tx['pool'].format(n=nb)} = <b class=\"il-formula-result\">{fmt_bytes(pool, lang)}</b>")
     hit, q = int(kv.get("prefix_hit_tokens", 0)), int(kv.get("prefix_query_tokens", 0))
