@@ -211,14 +211,14 @@ def model_numbers(m: dict, bytes_per_elem: float) -> dict:
     }
 
 
-def decode_cost(m: dict, bytes_per_elem: float, context: int, batch: int) -> dict:
+def decode_cost(m: dict, bytes_per_elem: float, context: int, batch: int) -> metrics.StepCost:
     """metrics.step_cost of one decode step: `batch` sequences, each adding its token at position context − 1."""
     n = model_numbers(m, bytes_per_elem)
     return metrics.step_cost(n["weight_step_bytes"], n["params_per_token"], n["head_params"], n["kv_per_token"],
                              [(context - 1, 1, 1)] * batch, m["num_layers"], m["num_heads"], m["head_dim"])
 
 
-def prefill_cost(m: dict, bytes_per_elem: float, context: int) -> dict:
+def prefill_cost(m: dict, bytes_per_elem: float, context: int) -> metrics.StepCost:
     """metrics.step_cost of prefilling one prompt of `context` tokens (logits for the last position only)."""
     n = model_numbers(m, bytes_per_elem)
     return metrics.step_cost(n["weight_step_bytes"], n["params_per_token"], n["head_params"], n["kv_per_token"],
@@ -325,9 +325,9 @@ def fit_row(device: dict, weight_bytes: float, kv_seq: float, reserve_fraction: 
             "kv_bytes_per_seq": kv_seq, "n": n}
 
 
-def roof_point(name: str, kind: str, cost: dict, device: dict) -> dict:
-    i = metrics.arithmetic_intensity(cost["flops"], cost["bytes"])
-    return {"label": name, "kind": kind, "flops": cost["flops"], "bytes": cost["bytes"], "intensity": i,
+def roof_point(name: str, kind: str, cost: metrics.StepCost, device: dict) -> dict:
+    i = metrics.arithmetic_intensity(cost.flops, cost.bytes)
+    return {"label": name, "kind": kind, "flops": cost.flops, "bytes": cost.bytes, "intensity": i,
             "attainable": metrics.attainable_flops(i, device["peak_flops"], device["bandwidth"])}
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from engine import StepFailed
+from engine.records import dumps
 
 from . import render
 from .i18n import UI, Phrase, Refusal, lang_of, t
@@ -177,13 +178,13 @@ class Delivery:
         p["t"] = time.time()
         if key and self.hub is not None and self.hub.push_tab(key, p):
             return gr.skip()
-        return render.dumps(p)
+        return dumps(p)
 
     @staticmethod
     def message(text: str, kind: str = "info") -> str:
         """A payload that only changes the message line."""
-        return render.dumps({"figs": {}, "html": {"html-message": render.message_html(text, kind)},
-                             "t": time.time()})
+        return dumps({"figs": {}, "html": {"html-message": render.message_html(text, kind)},
+                      "t": time.time()})
 
     def error(self, exc: Exception, lang: str, op: str | None = None) -> str:
         """Any failure as a message payload: the page shows one line, never a traceback."""
@@ -206,7 +207,7 @@ class Delivery:
         p = {"figs": {}, "html": {"html-message": render.message_html(text, kind)}, "t": time.time()}
         if op:
             p["op"] = op
-        return render.dumps(p)
+        return dumps(p)
 
 
 def status_line(s, lang: str) -> tuple[str, str]:

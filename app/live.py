@@ -394,7 +394,8 @@ class Lecture:
 def event_summary(ev) -> dict:
     """The small, ordered part of a step event that every viewer receives (no captures, no block lists)."""
     return {"step": ev.step, "admitted": list(ev.admitted), "finished": list(ev.finished),
-            "timing": {k: ev.timing.get(k) for k in ("step_ms", "forward_ms", "sample_ms")},
+            "timing": {"step_ms": ev.timing.step_ms, "forward_ms": ev.timing.forward_ms,
+                       "sample_ms": ev.timing.sample_ms},
             "seqs": [{"seq_id": s.seq_id, "phase": s.phase, "num_processed": s.num_processed,
                       "new_token": s.new_token, "new_token_text": s.new_token_text, "emitted": s.emitted,
                       "num_tokens": s.num_tokens, "finished": s.finished} for s in ev.seqs]}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from .render import dumps
+from engine.records import dumps
 
 # ---- server -> client ("type") ------------------------------------------------------------------------
 PAYLOAD = "payload"  # {"payload": a render payload}: a tab's own charts and HTML pieces

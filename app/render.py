@@ -8,8 +8,9 @@ payload with no model loaded.
 from __future__ import annotations
 
 import html
-import json
 import logging
+
+from engine.sampling import SamplingTrace
 
 from .charts import attention, detok, embeddings, kv_cache, logits, room, sampling, speculative, timeline, tokens
 from .charts.common import empty
@@ -62,7 +63,8 @@ def panel_headers(lang: str) -> dict[str, str]:
 
 
 def build_payload(s: LabView, lang: str = "en", layer: int = 0, head: int = 0, word: str = "",
-                  neighbour_pos: int | None = None, machine: dict | None = None, what_if: dict | None = None,
+                  neighbour_pos: int | None = None, machine: dict | None = None,
+                  what_if: SamplingTrace | None = None,
                   message: str = "", message_kind: str = "info", only: set[str] | None = None) -> dict:
     """The panels' figures and HTML for the session's current state.
 
@@ -209,7 +211,7 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
 
     # 9 · speculative decoding: the focused sequence's rounds, its latest round, its running stats
     spec = figs.draw(lambda: next((se.spec for ev in reversed(events) for se in ev.seqs
-                                   if se.seq_id == sid and se.spec), None), lambda: None)
+                                   if se.seq_id == sid and se.spec is not None), None), lambda: None)
     figs.put("chart-spec-rounds", lambda: speculative.rounds_timeline(events, sid, lang))
     figs.put("chart-spec-pq", lambda: speculative.pq_chart(spec, lang=lang))
     figs.put("chart-spec-alpha", lambda: speculative.acceptance_chart(spec, lang))
@@ -236,7 +238,7 @@ def _room(s: LabView, lang: str, figs: _Lazy, htmls: dict, failed: str) -> None:
     htmls["html-room-log"] = figs.draw(lambda: room.event_log_html(records, me, lang, replay), lambda: failed)
 
 
-def what_if_payload(s: LabView, trace: dict, lang: str) -> dict:
+def what_if_payload(s: LabView, trace: SamplingTrace, lang: str) -> dict:
     """Only the sampling charts, recomputed for new slider values."""
     return {"figs": {"chart-sampling": sampling.sampling_chain_chart(trace, what_if=True, lang=lang),
                      "chart-cdf": sampling.sampling_cdf_chart(trace, lang)},
@@ -261,7 +263,3 @@ def prompt_words(prompt: str) -> list[str]:
 def _default_word(prompt: str) -> str:
     words = prompt_words(prompt)
     return max(words, key=len) if words else "gravity"
-
-
-def dumps(payload: dict) -> str:
-    return json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))

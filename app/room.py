@@ -61,7 +61,7 @@ class Room:
     def __init__(self, engine: Engine, limits: RoomLimits | None = None):
         self.engine = engine
         self.limits = limits or RoomLimits()
-        pool = engine.kv_stats()["num_blocks"]
+        pool = engine.kv_stats().num_blocks
         self.max_blocks_per_owner = self.limits.max_blocks_per_owner or max(1, pool // 2)
         self.history: deque[dict] = deque(maxlen=HISTORY)
         self._owners: dict[str, Owner] = {}
@@ -305,19 +305,18 @@ class Room:
         owner = event.owners.get
         reasons = {s.seq_id: s.finish_reason for s in event.seqs}
         kv = event.kv
-        queried = kv.get("prefix_query_tokens", 0)
+        queried = kv.prefix_query_tokens
         return {
-            "step": event.step, "t": time.time(), "step_ms": event.timing.get("step_ms"),
+            "step": event.step, "t": time.time(), "step_ms": event.timing.step_ms,
             "batch": [{**b, "phase": "verify" if b.get("num_drafted") else b["phase"]} for b in event.batch],
             "admitted": [{"seq_id": s, "owner": owner(s, "")} for s in event.admitted],
             "preempted": [{"seq_id": s, "owner": owner(s, "")} for s in event.preempted],
             "finished": [{"seq_id": s, "owner": owner(s, ""), "reason": reasons.get(s)} for s in event.finished],
             "waiting": [{"seq_id": s, "owner": owner(s, "")} for s in event.waiting],
             "held": len(set(event.running) - {b["seq_id"] for b in event.batch}),
-            "pool": {"num_blocks": kv.get("num_blocks"), "used": kv.get("used"), "cached": kv.get("cached"),
-                     "free": kv.get("free"), "shared": kv.get("shared"), "hit_tokens": kv.get("prefix_hit_tokens"),
-                     "prompt_tokens": queried,
-                     "hit_rate": kv.get("prefix_hit_tokens", 0) / queried if queried else None},
+            "pool": {"num_blocks": kv.num_blocks, "used": kv.used, "cached": kv.cached, "free": kv.free,
+                     "shared": kv.shared, "hit_tokens": kv.prefix_hit_tokens, "prompt_tokens": queried,
+                     "hit_rate": kv.prefix_hit_tokens / queried if queried else None},
         }
 
     # ---- what the room view and /healthz read ------------------------------------------------------------

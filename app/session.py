@@ -19,6 +19,7 @@ from typing import Protocol
 
 from engine import Capture, Engine, SamplingParams, StepEvent
 from engine.model import ATTENTION_BUDGET
+from engine.sampling import SamplingTrace
 from engine.tokenizer import bpe_merges, render_prompt, token_info
 
 from .downloads import TabDownloads
@@ -85,7 +86,7 @@ class LabView(Protocol):
     events: list[StepEvent]  # the steps shown so far, oldest first
     requests: dict[int, RequestInfo]  # the sequences that exist now
     focus: int | None  # the sequence the per-sequence panels show
-    what_if: dict | None  # a hypothetical sampling chain to show instead of the focused one's last
+    what_if: SamplingTrace | None  # a hypothetical sampling chain to show instead of the focused one's last
 
     @property
     def model_id(self) -> str: ...
@@ -115,7 +116,7 @@ class LabSession:
     last_used: float = field(default_factory=time.time)
     lock: threading.RLock = field(default_factory=threading.RLock)
     running: bool = False  # a Run loop is active (Pause clears it)
-    what_if: dict | None = None  # the focused sequence's chain recomputed for new slider values, until a step
+    what_if: SamplingTrace | None = None  # the focused sequence's chain recomputed for new slider values, until a step
     sent_html: dict = field(default_factory=dict)  # the HTML pieces the page already shows (sent only on change)
     sent_figs: dict = field(default_factory=dict)  # chart id -> the figure the page last got (ui._drop_unchanged)
     speculative: object = None  # engine.SpeculativeConfig for the requests this tab starts next (None: plain)
@@ -357,7 +358,7 @@ class LabSession:
             self.focus = rid
             return rid
 
-    def what_if_trace(self, params: SamplingParams) -> dict:
+    def what_if_trace(self, params: SamplingParams) -> SamplingTrace:
         return self.engine.what_if(self._own_focus(), params)
 
     def run_steps(self):
@@ -608,7 +609,7 @@ class SessionRegistry:
     def kv_blocks_used(self) -> int:
         """KV blocks held by the room's sequences, all tabs and the lecture together (a replay holds none)."""
         room = self._room
-        return 0 if room is None else room.engine.kv_stats()["used"]
+        return 0 if room is None else room.engine.kv_stats().used
 
     def sweep(self) -> None:
         """Free sessions idle past their timeout (see the class docstring)."""

@@ -19,6 +19,7 @@ about twice the size). Arrays travel as {"__ndarray__": "p16"|"f32"|"i32"|"i64",
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import json
 import math
@@ -37,6 +38,8 @@ import numpy as np
 import torch
 
 from engine.events import EVENT_VERSION, CaptureData, SeqEvent, StepEvent
+from engine.records import dumps
+from engine.sampling import SamplingTrace
 from engine.tokenizer import token_info
 
 from .i18n import Phrase, Refusal
@@ -80,7 +83,7 @@ class TraceError(ValueError):
 # ---- export -------------------------------------------------------------------------------------------
 
 def export_trace(lab: "LabSession | ReplaySession", *, attention: str = "p16", words: tuple[str, ...] = ()) -> dict:
-    """The session as a trace document (plain JSON types; `dumps_trace` writes it).
+    """The session as a trace document (plain JSON types; `engine.records.dumps` writes it).
 
     attention: "p16" (compact, see the module docstring) or "f32" (exact, about twice the size).
     words: extra words whose BPE merge trace the replay should be able to show, besides the prompts' words.
@@ -143,8 +146,8 @@ def export_trace(lab: "LabSession | ReplaySession", *, attention: str = "p16", w
 
 
 def _size(v: Any) -> tuple[int, int]:
-    """(UTF-8 bytes, JSON values as _count_values counts them) of a value as dumps_trace writes it."""
-    text = dumps_trace(v)
+    """(UTF-8 bytes, JSON values as _count_values counts them) of a value as the trace's text."""
+    text = dumps(v)
     return len(text.encode("utf-8")), sum(text.count(c) for c in (",", ":", "[", "{"))
 
 
@@ -192,14 +195,10 @@ def _without_attention(ev: StepEvent) -> StepEvent:
     return replace(ev, seqs=[replace(s, capture=strip(s.capture)) for s in ev.seqs])
 
 
-def dumps_trace(doc: dict) -> str:
-    """Strict JSON (no NaN/Infinity), UTF-8 text kept readable (Russian prompts stay Russian)."""
-    return json.dumps(doc, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-
-
 def trace_bytes(doc: dict, compress: bool = True) -> bytes:
-    """The trace as a file's bytes; gzip (mtime 0, so equal traces give equal files) shrinks it ~3-4x."""
-    data = dumps_trace(doc).encode("utf-8")
+    """The trace as a file's bytes (strict JSON, see engine.records.dumps); gzip (mtime 0, so equal traces give
+    equal files) shrinks it ~3-4x."""
+    data = dumps(doc).encode("utf-8")
     return gzip.compress(data, compresslevel=6, mtime=0) if compress else data
 
 
@@ -577,8 +576,9 @@ class ReplaySession:
         focus, what_if = view.get("focus"), view.get("what_if")
         if focus is not None and not _is_int(focus, 0, MAX_POSITION):
             raise ValueError("view.focus must be a sequence id or null")
-        if what_if is not None and not isinstance(what_if, dict):
-            raise ValueError("view.what_if must be an object or null")
+        if what_if is not None:
+            _check_record(what_if, SamplingTrace, "view.what_if")
+            what_if = SamplingTrace.from_dict(what_if)
         return {"focus": focus, "seqs": seqs, "what_if": what_if}
 
     # ---- the cursor -------------------------------------------------------------------------------
@@ -777,7 +777,6 @@ def _why(exc: Exception) -> str:
 # TraceError line instead of an exception later (render.py still draws a replay's charts one by one).
 
 _MAX_INT = 1 << 53  # integers a JSON number holds exactly
-_HINTS = {cls: typing.get_type_hints(cls) for cls in (StepEvent, SeqEvent, CaptureData)}
 _VOCAB_FIELDS = {"id": int, "piece": str, "text": str, "bytes_hex": str, "special": bool, "byte_fallback": bool,
                  "partial_utf8": bool}
 # SeqEvent counts that index positions: the charts build ranges from them
@@ -842,12 +841,17 @@ def _check_request(r: Any, where: str) -> RequestInfo:
                        list(r["token_ids"]))
 
 
+@functools.cache
+def _hints(cls: type) -> dict:
+    return typing.get_type_hints(cls)
+
+
 def _check_record(d: Any, cls: type, path: str) -> None:
     """Every field of `d` that dataclass `cls` declares has the declared type (missing ones are reported by
-    from_dict); nested records (SeqEvent, CaptureData) are checked the same way."""
+    from_dict); nested records (SeqEvent, CaptureData, SamplingTrace, SpecRound, ...) are checked the same way."""
     if not isinstance(d, dict):
         raise ValueError(f"{path} must be an object")
-    hints = _HINTS[cls]
+    hints = _hints(cls)
     for f in fields(cls):
         if f.name in d:
             _check_value(d[f.name], hints[f.name], f"{path}.{f.name}")
@@ -873,7 +877,9 @@ def _check_value(v: Any, hint: Any, path: str) -> None:
     kind = origin or hint
     ok = {int: lambda: _is_int(v), float: lambda: isinstance(v, (int, float)) and not isinstance(v, bool),
           str: lambda: isinstance(v, str), bool: lambda: isinstance(v, bool), list: lambda: isinstance(v, list),
-          dict: lambda: isinstance(v, dict)}.get(kind)
+          dict: lambda: isinstance(v, dict),
+          # a fixed-length row such as a CDF entry (token id, cumulative probability): a JSON list
+          tuple: lambda: isinstance(v, list) and len(v) == len(args)}.get(kind)
     if ok is None:
         raise ValueError(f"{path}: unsupported field type {hint}")
     if not ok():
@@ -881,6 +887,9 @@ def _check_value(v: Any, hint: Any, path: str) -> None:
     if kind is list and args:
         for i, x in enumerate(v):
             _check_value(x, args[0], f"{path}[{i}]")
+    if kind is tuple:
+        for i, (x, hint_i) in enumerate(zip(v, args)):
+            _check_value(x, hint_i, f"{path}[{i}]")
     if kind is dict and args:
         for k, x in v.items():
             if args[0] is int and not _int_key(k):
@@ -892,6 +901,8 @@ def _describe(hint: Any) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is list and args:
         return f"a list of {_describe(args[0])}s"
+    if origin is tuple:
+        return f"a list of {len(args)} values"
     names = {int: "an integer", float: "a number", str: "text", bool: "true/false", list: "a list", dict: "an object"}
     return names.get(origin or hint, getattr(hint, "__name__", str(hint)))
 

@@ -37,7 +37,7 @@ def decode_steps(eng: Engine, prompts: list[str], tokens: int, trace: bool) -> t
     while eng.has_unfinished():
         ev = eng.step(trace=trace)
         if ev.seqs and all(s.phase == "decode" for s in ev.seqs) and len(ev.seqs) == len(ids):
-            times.append(ev.timing["step_ms"])
+            times.append(ev.timing.step_ms)
     return times, len(ids)
 
 

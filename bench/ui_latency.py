@@ -87,7 +87,7 @@ def main() -> None:
                 continue
             times.append(total)
             waits.append(until_render)
-            server_step.append(session.events[-1].timing["step_ms"])
+            server_step.append(session.events[-1].timing.step_ms)
         from app import render as R
 
         # the charts the step's own payload redrew: those on screen (the near ones follow in a second payload)

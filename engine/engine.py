@@ -32,13 +32,14 @@ import torch
 from . import compute, metrics
 from . import speculative as spec_mod
 from .checks import StepFailed, as_bool, as_instance, as_int, as_text, as_token_ids, type_error, value_error
-from .events import CaptureData, SeqEvent, StepEvent
-from .kv_cache import BlockManager, kv_block_preserver, kv_bytes_per_token, num_blocks_for_budget
+from .events import CaptureData, LogitStats, SeqEvent, StepEvent
+from .kv_cache import BlockManager, KVFormula, KVStats, kv_block_preserver, kv_bytes_per_token, num_blocks_for_budget
 from .loader import LoadedModel, load
 from .model import Capture, KVStorage, Model, ModelSpec, SeqInput
-from .sampling import MAX_TOP_N, SamplingParams, sample, sampling_probs, trace_chain
+from .sampling import MAX_TOP_N, SamplingParams, SamplingTrace, sample, sampling_probs, trace_chain
 from .scheduler import ScheduledSeq, Scheduler, Sequence, Status
-from .speculative import Draft, DraftRequest, SpeculativeConfig, SpecState, Verification
+from .speculative import (AdaptiveK, Draft, DraftRequest, RoundDist, RoundDraft, RoundFinal, RoundResidual,
+                          RoundRollback, SpecRound, SpeculativeConfig, SpecState, Verification)
 from .tokenizer import MAX_PROMPT_CHARS, MAX_SYSTEM_CHARS, IncrementalDetokenizer, render_prompt, token_bytes
 
 DEFAULT_KV_MEMORY = 256 * 1024 * 1024
@@ -420,7 +421,7 @@ class Engine:
                 del self.sequences[sid]
 
     @compute.routed
-    def what_if(self, seq_id: int, params: SamplingParams, top_n: int = 20) -> dict:
+    def what_if(self, seq_id: int, params: SamplingParams, top_n: int = 20) -> SamplingTrace:
         """Recompute the last step's sampling chain of `seq_id` with other parameters, no model rerun.
 
         Uses the logits and the random draw u of that step, so only the parameters differ.
@@ -437,7 +438,7 @@ class Engine:
         logits, prompt_ids, output_ids, u = cached
         trace = trace_chain(logits, params, prompt_ids, output_ids, u, top_n=top_n)
         trace.token_texts = [self.token_text(t) for t in trace.token_ids]
-        return trace.to_dict()
+        return trace
 
     @compute.routed
     def nearest_tokens(self, token_id: int, k: int = 10) -> list[tuple[int, str, float]]:
@@ -613,7 +614,7 @@ class Engine:
             seq = w.plan[i].seq
             released = self.blocks.rollback(seq.seq_id, seq.num_computed)
             if w.seq_events[i].spec is not None:
-                w.seq_events[i].spec["rollback"]["blocks"] = released
+                w.seq_events[i].spec.rollback.blocks = released
         # 2. register computed blocks (kept tokens only), then finish
         for i, (item, ev) in enumerate(zip(w.plan, w.seq_events)):
             seq = item.seq
@@ -639,9 +640,11 @@ class Engine:
             ev.block_table = list(self.blocks.block_tables.get(ev.seq_id, []))
             ev.num_tokens = seq.num_tokens
         event = self._event(w.seq_events, w.plan, w.preempted, w.finished, w.inputs,
-                            dict(schedule_ms=(w.t_sched - w.t0) * 1e3, draft_ms=(w.t_draft - w.t_sched) * 1e3,
-                                 forward_ms=(w.t_sample - w.t_forward) * 1e3, sample_ms=(w.t_end - w.t_sample) * 1e3,
-                                 step_ms=step_s * 1e3, engine_clock_s=self.clock))
+                            metrics.StepTiming(schedule_ms=(w.t_sched - w.t0) * 1e3,
+                                               draft_ms=(w.t_draft - w.t_sched) * 1e3,
+                                               forward_ms=(w.t_sample - w.t_forward) * 1e3,
+                                               sample_ms=(w.t_end - w.t_sample) * 1e3,
+                                               step_ms=step_s * 1e3, engine_clock_s=self.clock))
         self.step_index += 1
         return event
 
@@ -649,31 +652,22 @@ class Engine:
         """Draw the next token through the sampling chain; returns the finish reason if this token ends it."""
         prompt_ids, output_ids = seq.prompt_ids, list(seq.output_ids)
         token, tr = sample(logits, seq.params, prompt_ids, output_ids, seq.generator, trace=trace)
-        logp = None
         if tr is not None:
             tr.token_texts = [self.token_text(t) for t in tr.token_ids]
             seq.last_sampling = (logits.clone(), prompt_ids, output_ids, tr.u)
-            ev.sampling = tr.to_dict()
-            logp = self._logit_stats(logits, ev)
+            ev.sampling = tr
         if seq.forced_token is not None:
             token, ev.forced, seq.forced_token = seq.forced_token, True, None
         ev.new_token, ev.new_token_text = token, self.token_text(token)
-        if logp is not None:  # the model's own log-probability of the token kept (perplexity)
-            ev.logit_stats["token_logprob"] = float(logp[token])
-            ev.logit_stats["token_rank"] = int((logits > logits[token]).sum())
+        if tr is not None:  # the model's own log-probability of the token kept (perplexity)
+            ev.logit_stats = _logit_stats(logits, token)
         return self._emit(seq, token, ev)
-
-    def _logit_stats(self, logits: torch.Tensor, ev: SeqEvent) -> torch.Tensor:
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        ev.logit_stats = {"entropy": float(-(logp.exp() * logp).nan_to_num().sum()),
-                          "max_logit": float(logits.max()), "logsumexp": float(torch.logsumexp(logits, -1))}
-        return logp
 
     def _emit(self, seq: Sequence, token: int, ev: SeqEvent) -> str | None:
         """Append one generated token and feed the detokenizer; returns why the sequence ends here, if it does."""
         seq.output_ids.append(token)
         step = seq.detok.push(token)
-        ev.detok = step.to_dict()
+        ev.detok = step
         ev.emitted += step.emitted
         if token in self.eos_ids and not seq.params.ignore_eos:
             ev.emitted += seq.detok.finish()
@@ -741,9 +735,7 @@ class Engine:
         last = seq.output_ids[-1]
         ev.new_token, ev.new_token_text = last, self.token_text(last)
         if trace:
-            logp = self._logit_stats(logits[kept - 1], ev)
-            ev.logit_stats["token_logprob"] = float(logp[last])
-            ev.logit_stats["token_rank"] = int((logits[kept - 1] > logits[kept - 1][last]).sum())
+            ev.logit_stats = _logit_stats(logits[kept - 1], last)
         seq.spec.drafter.after_round(seq.seq_id, num_before, kept - 1, draft)
         self._record_round(seq, item, draft, v, kept, ev, trace, forward_s + time.perf_counter() - t)
         return reason, kept
@@ -757,21 +749,20 @@ class Engine:
         for i, x in enumerate(draft.tokens):
             c = v.checks[i] if v is not None and i < len(v.checks) else None
             q_x = c.q if c is not None else (1.0 if draft.q is None else float(draft.q[i, x]))
-            entries.append({"position": i + 1, "token": x, "text": self.token_text(x), "q": q_x,
-                            "p": None if c is None else c.p,
-                            "ratio": None if c is None or not math.isfinite(c.ratio) else c.ratio,
-                            "u": None if c is None else c.u,
-                            "verdict": "unchecked" if c is None else ("accepted" if c.accepted else "rejected")})
+            entries.append(RoundDraft(
+                position=i + 1, token=x, text=self.token_text(x), q=q_x, p=None if c is None else c.p,
+                ratio=None if c is None or not math.isfinite(c.ratio) else c.ratio, u=None if c is None else c.u,
+                verdict="unchecked" if c is None else ("accepted" if c.accepted else "rejected")))
         emitted = seq.output_ids[len(seq.output_ids) - kept:]
         if v is not None:
-            final = {"position": v.num_accepted + 1, "token": v.final_token, "text": self.token_text(v.final_token),
-                     "kind": v.final_kind, "prob": v.final_prob, "u": v.final_u,
-                     "kept": kept == v.num_accepted + 1}
+            final = RoundFinal(position=v.num_accepted + 1, token=v.final_token, text=self.token_text(v.final_token),
+                               kind=v.final_kind, prob=v.final_prob, u=v.final_u, kept=kept == v.num_accepted + 1)
         else:
-            sampling = ev.sampling or {}
-            final = {"position": 1, "token": ev.new_token, "text": ev.new_token_text,
-                     "kind": "forced" if ev.forced else "sampled",
-                     "prob": sampling.get("chosen_prob"), "u": sampling.get("u"), "kept": True}
+            sampling = ev.sampling
+            final = RoundFinal(position=1, token=ev.new_token, text=ev.new_token_text,
+                               kind="forced" if ev.forced else "sampled",
+                               prob=None if sampling is None else sampling.chosen_prob,
+                               u=None if sampling is None else sampling.u, kept=True)
         residual = None
         if v is not None and v.residual is not None:
             j = v.num_accepted
@@ -779,9 +770,9 @@ class Engine:
             p_j = v.p_rows[j]
             ids = spec_mod.top_union([v.residual, p_j, q_j], [draft.tokens[j], v.final_token])
             idx = torch.tensor(ids, dtype=torch.long)
-            residual = {"position": j + 1, "token_ids": ids, "texts": [self.token_text(t) for t in ids],
-                        "p": p_j[idx].tolist(), "q": q_j[idx].tolist(), "residual": v.residual[idx].tolist(),
-                        "mass": v.residual_mass, "drawn": v.final_token}
+            residual = RoundResidual(position=j + 1, token_ids=ids, texts=[self.token_text(t) for t in ids],
+                                     p=p_j[idx].tolist(), q=q_j[idx].tolist(), residual=v.residual[idx].tolist(),
+                                     mass=v.residual_mass, drawn=v.final_token)
         dists = None
         if trace and v is not None:
             dists = []
@@ -790,25 +781,23 @@ class Engine:
                 q_i = None if x is None else self._q_row(draft, i)
                 ids = spec_mod.top_union([p_i, q_i], [] if x is None else [x])
                 idx = torch.tensor(ids, dtype=torch.long)
-                dists.append({"position": i + 1, "draft": x, "token_ids": ids,
-                              "texts": [self.token_text(t) for t in ids], "p": p_i[idx].tolist(),
-                              "q": None if q_i is None else q_i[idx].tolist()})
+                dists.append(RoundDist(position=i + 1, draft=x, token_ids=ids, texts=[self.token_text(t) for t in ids],
+                                       p=p_i[idx].tolist(), q=None if q_i is None else q_i[idx].tolist()))
         adaptive = None
         if st.config.adaptive:
             st.k = st.next_k()
-            adaptive = {"alpha_recent": st.recent_alpha(), "cost_ratio": st.cost_ratio, "k_next": st.k}
+            adaptive = AdaptiveK(alpha_recent=st.recent_alpha(), cost_ratio=st.cost_ratio, k_next=st.k)
         written = len(draft.tokens) + 1  # rows the verify pass wrote: the pending token and every draft
-        ev.spec = {
-            "method": st.config.method, "k": item.num_lookahead, "k_config": st.config.num_tokens,
-            "num_drafted": len(draft.tokens), "num_accepted": 0 if v is None else v.num_accepted,
-            "num_emitted": kept, "emitted_ids": list(emitted), "emitted_texts": [self.token_text(t) for t in emitted],
-            "truncated": v is not None and kept < len(v.tokens),
-            "draft": entries, "final": final, "residual": residual, "dists": dists,
-            "rollback": {"reserved_slots": item.num_lookahead, "slots": written - kept, "blocks": []},
-            "draft_ms": draft.seconds * 1e3, "verify_ms": verify_s * 1e3,
-            "drafter": {**st.drafter.describe(), **draft.info}, "adaptive": adaptive,
-            "stats": st.stats(len(seq.output_ids)),
-        }
+        ev.spec = SpecRound(
+            method=st.config.method, k=item.num_lookahead, k_config=st.config.num_tokens,
+            num_drafted=len(draft.tokens), num_accepted=0 if v is None else v.num_accepted,
+            num_emitted=kept, emitted_ids=list(emitted), emitted_texts=[self.token_text(t) for t in emitted],
+            truncated=v is not None and kept < len(v.tokens),
+            draft=entries, final=final, residual=residual, dists=dists,
+            rollback=RoundRollback(reserved_slots=item.num_lookahead, slots=written - kept, blocks=[]),
+            draft_ms=draft.seconds * 1e3, verify_ms=verify_s * 1e3,
+            drafter={**st.drafter.describe(), **draft.info}, adaptive=adaptive,
+            stats=st.stats(len(seq.output_ids)))
 
     def _q_row(self, draft: Draft, i: int) -> torch.Tensor:
         """The draft distribution at position i (one-hot for a point-mass drafter)."""
@@ -853,8 +842,8 @@ class Engine:
                  *preempted, *finished}
         owners = {sid: self.sequences[sid].owner for sid in sorted(named) if sid in self.sequences}
         batch = [{"seq_id": e.seq_id, "owner": owners.get(e.seq_id, ""), "phase": e.phase,
-                  "num_processed": e.num_processed, "num_drafted": (e.spec or {}).get("num_drafted", 0),
-                  "num_emitted": (e.spec or {}).get("num_emitted", 1 if e.new_token is not None else 0)}
+                  "num_processed": e.num_processed, "num_drafted": 0 if e.spec is None else e.spec.num_drafted,
+                  "num_emitted": (1 if e.new_token is not None else 0) if e.spec is None else e.spec.num_emitted}
                  for e in seq_events]
         return StepEvent(
             step=self.step_index, seqs=seq_events, owners=owners, batch=batch,
@@ -874,22 +863,22 @@ class Engine:
         with self._lock:
             return {sid: s.owner for sid, s in self.sequences.items()}
 
-    def kv_stats(self) -> dict:
-        stats = dict(self.blocks.stats())
+    def kv_stats(self) -> KVStats:
+        stats = self.blocks.stats()
         bpt = self.kv_bytes_per_token
+        block_bytes = bpt * self.block_size
         live = [self.sequences[s.seq_id] for s in self.scheduler.running]
         held_tokens = sum(len(self.blocks.block_tables.get(s.seq_id, ())) for s in live) * self.block_size
         used_tokens = sum(s.num_tokens for s in live)
         naive_tokens = sum(min(s.max_len, self.max_model_len) for s in live)
-        stats.update(
-            bytes_per_token=bpt, block_bytes=bpt * self.block_size, pool_bytes=self.kv.nbytes,
-            used_bytes=stats["used"] * bpt * self.block_size, cached_bytes=stats["cached"] * bpt * self.block_size,
-            free_bytes=stats["free"] * bpt * self.block_size,
+        return KVStats(
+            **stats, bytes_per_token=bpt, block_bytes=block_bytes, pool_bytes=self.kv.nbytes,
+            used_bytes=stats["used"] * block_bytes, cached_bytes=stats["cached"] * block_bytes,
+            free_bytes=stats["free"] * block_bytes,
             paged_waste_tokens=held_tokens - used_tokens, naive_reserved_tokens=naive_tokens,
             naive_waste_tokens=naive_tokens - used_tokens, preemptions=self.scheduler.num_preemptions,
-            formula=dict(layers=self.spec.num_layers, kv_heads=self.spec.num_kv_heads, head_dim=self.spec.head_dim,
-                         bytes_per_elem=self.model.element_size))
-        return stats
+            formula=KVFormula(layers=self.spec.num_layers, kv_heads=self.spec.num_kv_heads,
+                              head_dim=self.spec.head_dim, bytes_per_elem=self.model.element_size))
 
     # ---- convenience loops ----------------------------------------------------------------------
     def generate(self, prompt: str, params: SamplingParams | None = None, chat: bool = True,
@@ -941,6 +930,14 @@ class Engine:
         while self.has_unfinished():
             events.append(self._locked_step(trace, self.instrument))
         return events
+
+
+def _logit_stats(logits: torch.Tensor, token: int) -> LogitStats:
+    """The raw distribution's entropy and scale, and the kept token's log-probability and rank in it."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return LogitStats(entropy=float(-(logp.exp() * logp).nan_to_num().sum()), max_logit=float(logits.max()),
+                      logsumexp=float(torch.logsumexp(logits, -1)), token_logprob=float(logp[token]),
+                      token_rank=int((logits > logits[token]).sum()))
 
 
 def _slots(table: list[int], block_size: int, length: int) -> torch.Tensor:

@@ -2,64 +2,27 @@
 
 Every field is filled by the engine from what it actually did (scheduling decisions, the sampled token with
 its sampling trace, the bytes the detokenizer released, the block tables after the step, measured timings).
-`to_dict()` gives plain JSON (no NaN/inf, tensors become nested lists) for export, replay and websockets.
+`to_dict()` gives plain JSON (no NaN/inf, tensors become nested lists) for export, replay and websockets, and
+`from_dict()` builds the typed records back (engine/records.py). The parts live beside the code that fills
+them: SamplingTrace (engine/sampling.py), DetokStep (engine/tokenizer.py), SpecRound (engine/speculative.py),
+KVStats (engine/kv_cache.py), StepTiming and StepCost (engine/metrics.py); LogitStats is here.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
 
+from .kv_cache import KVStats
+from .metrics import StepCost, StepTiming
+from .records import Record, build
+from .sampling import SamplingTrace
+from .speculative import SpecRound
+from .tokenizer import DetokStep
+
 EVENT_VERSION = 1
-
-
-def jsonable(value: Any, digits: int = 6) -> Any:
-    """Convert tensors/dataclasses/floats into JSON-safe values (non-finite floats become None)."""
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu()
-        if value.is_floating_point():
-            return jsonable(value.float().tolist(), digits)
-        return value.tolist()
-    if hasattr(value, "to_dict") and not isinstance(value, type):
-        return value.to_dict()
-    if is_dataclass(value) and not isinstance(value, type):
-        return jsonable(asdict(value), digits)
-    if isinstance(value, float):
-        return round(value, digits) if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): jsonable(v, digits) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v, digits) for v in value]
-    return value
-
-
-def _build(cls: type, data: Any, convert: dict[str, Callable[[Any], Any]]) -> Any:
-    """An instance of dataclass `cls` from its to_dict() form, generic over the dataclass's fields.
-
-    Keys the class does not declare are ignored and optional fields that are absent keep their defaults, so
-    a record written by a newer or older engine still loads; `convert` turns JSON values back into the types
-    the charts read (int dict keys, tensors) for the fields that need it.
-    """
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, dict):
-        raise ValueError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
-    declared = [f for f in fields(cls) if f.init]
-    kwargs = {f.name: data[f.name] for f in declared if f.name in data}
-    missing = [f.name for f in declared
-               if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING]
-    if missing:
-        raise ValueError(f"{cls.__name__} is missing {', '.join(missing)}")
-    for name, fn in convert.items():
-        if kwargs.get(name) is not None:
-            try:
-                kwargs[name] = fn(kwargs[name])
-            except (TypeError, ValueError, AttributeError) as exc:
-                raise ValueError(f"{cls.__name__}.{name} is malformed ({exc})") from None
-    return cls(**kwargs)
 
 
 def _int_keys(d: dict) -> dict:
@@ -113,8 +76,10 @@ def _parts(x: Any) -> list[str]:
 
 
 @dataclass
-class CaptureData:
+class CaptureData(Record):
     """Instrumentation of one sequence in one step (present only when the engine was asked for it)."""
+
+    JSON_DIGITS = 5  # attention, lens and norms: five digits are finer than any chart shows
 
     positions: list[int]  # absolute positions of the rows processed this step
     attention: dict[int, Any] = field(default_factory=dict)  # layer -> [heads, rows, context] probabilities
@@ -172,13 +137,10 @@ class CaptureData:
                 self.dropped.append(part)
         return before - self.nbytes()
 
-    def to_dict(self) -> dict:
-        return jsonable({k: v for k, v in self.__dict__.items()}, digits=5)
-
     @classmethod
     def from_dict(cls, d: dict) -> "CaptureData":
         """The inverse of to_dict(): nested lists come back as float32/int64 tensors, as the engine made them."""
-        return _build(cls, d, {
+        return build(cls, d, {
             "attention": lambda a: {k: _floats(v) for k, v in _int_keys(a).items()},
             "lens_ids": _ints, "lens_probs": _floats, "residual_norms": _floats, "embeddings": _floats,
             "attention_positions": _int_list, "attention_budget": _int, "dropped": _parts,
@@ -186,7 +148,19 @@ class CaptureData:
 
 
 @dataclass
-class SeqEvent:
+class LogitStats(Record):
+    """The model's raw next-token distribution at a sampled position, and where the kept token sits in it
+    (perplexity and surprise charts)."""
+
+    entropy: float  # of the softmax of the raw logits, in nats
+    max_logit: float
+    logsumexp: float
+    token_logprob: float  # log-probability of the token kept (sampled, forced or the round's last)
+    token_rank: int  # tokens with a higher raw logit (0: the argmax)
+
+
+@dataclass
+class SeqEvent(Record):
     """What happened to one sequence in one step."""
 
     seq_id: int
@@ -200,9 +174,9 @@ class SeqEvent:
     new_token: int | None = None
     new_token_text: str = ""
     forced: bool = False
-    sampling: dict | None = None  # engine.sampling.SamplingTrace.to_dict()
-    logit_stats: dict | None = None  # entropy of the raw softmax, max logit, the kept token's logprob and rank
-    detok: dict | None = None  # engine.tokenizer.DetokStep.to_dict()
+    sampling: SamplingTrace | None = None  # the sampling chain stage by stage (traced steps only)
+    logit_stats: LogitStats | None = None  # traced steps only
+    detok: DetokStep | None = None  # what the detokenizer released or held back for the new token
     emitted: str = ""
     finished: bool = False
     finish_reason: str | None = None
@@ -210,23 +184,16 @@ class SeqEvent:
     ttft_s: float | None = None  # engine time from arrival to first token (set on that step)
     itl_s: float | None = None  # engine time since this sequence's previous token
     capture: CaptureData | None = None
-    spec: dict | None = None  # a speculative round: drafts with q, p, ratio, u, verdict; final token; rollback; stats
+    spec: SpecRound | None = None  # a speculative round: drafts and their checks, final token, rollback, stats
 
     def drop_capture(self, parts: tuple[str, ...] = ("attention",)) -> int:
         """Free `parts` of this step's capture (the attention by default: ~all of its bytes) to save memory;
         the charts then say those rows were not kept. Returns the bytes freed (0 without a capture)."""
         return self.capture.drop(parts) if self.capture is not None else 0
 
-    def to_dict(self) -> dict:
-        return jsonable(self.__dict__)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "SeqEvent":
-        return _build(cls, d, {"capture": CaptureData.from_dict})
-
 
 @dataclass
-class StepEvent:
+class StepEvent(Record):
     step: int
     seqs: list[SeqEvent]
     admitted: list[int]
@@ -234,11 +201,11 @@ class StepEvent:
     finished: list[int]
     waiting: list[int]
     running: list[int]
-    kv: dict  # BlockManager.stats() plus bytes and the naive allocator's waste
+    kv: KVStats  # the pool after the step: blocks, bytes, prefix hits, the naive allocator's waste
     blocks: list[dict]  # BlockManager.block_states()
     block_tables: dict[int, list[int]]
-    timing: dict  # forward_ms, sample_ms, step_ms, engine_clock_s
-    cost: dict  # metrics.step_cost(): bytes moved, FLOPs, intensity, tokens
+    timing: StepTiming  # measured: schedule, draft, forward, sample, the whole step; the engine clock
+    cost: StepCost  # estimated by metrics.step_cost(): bytes moved, FLOPs, intensity, tokens
     model: dict = field(default_factory=dict)  # model id and spec, filled on every event for replay
     version: int = EVENT_VERSION
     # An engine serving several owners: the owner of every sequence this event names (seq id -> owner), and
@@ -269,16 +236,12 @@ class StepEvent:
         return replace(self, seqs=[s for s in self.seqs if s.seq_id in mine],
                        block_tables={k: v for k, v in self.block_tables.items() if k in mine})
 
-    def to_dict(self) -> dict:
-        return jsonable(self.__dict__)
-
     @classmethod
     def from_dict(cls, d: dict) -> "StepEvent":
         """The inverse of to_dict(); raises ValueError for a malformed record or a newer event version."""
         if isinstance(d, dict) and isinstance(d.get("version"), int) and d["version"] > EVENT_VERSION:
             raise ValueError(f"event version {d['version']} is newer than this app reads ({EVENT_VERSION})")
-        return _build(cls, d, {
-            "seqs": lambda seqs: [SeqEvent.from_dict(x) for x in seqs],
+        return build(cls, d, {
             "block_tables": lambda t: {k: list(v) for k, v in _int_keys(t).items()},
             "owners": lambda o: {k: str(v) for k, v in _int_keys(o).items()},
         })

@@ -29,7 +29,10 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 from typing import Callable, Sequence
+
+from .records import Record
 
 __all__ = [
     "NoFreeBlocksError",
@@ -39,7 +42,48 @@ __all__ = [
     "num_blocks_for_budget",
     "hash_block",
     "BlockManager",
+    "KVStats",
+    "KVFormula",
 ]
+
+
+@dataclass
+class KVFormula(Record):
+    """The terms of kv_bytes_per_token, for the KV memory chart's formula line."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    bytes_per_elem: int
+
+
+@dataclass
+class KVStats(Record):
+    """The KV pool after a step, as the charts show it: BlockManager.stats() (blocks, prefix hits, evictions,
+    copy-on-write), their bytes, and what a naive allocator reserving max_len per sequence would waste."""
+
+    num_blocks: int
+    block_size: int
+    used: int  # blocks with refcount > 0
+    cached: int  # refcount 0, hashed: reusable until evicted
+    free: int
+    shared: int  # refcount > 1
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    hit_rate: float
+    evictions: int
+    cow_copies: int
+    bytes_per_token: int
+    block_bytes: int
+    pool_bytes: int
+    used_bytes: int
+    cached_bytes: int
+    free_bytes: int
+    paged_waste_tokens: int  # slots held in running sequences' last blocks but not filled
+    naive_reserved_tokens: int  # what reserving min(max_len, context) per running sequence would hold
+    naive_waste_tokens: int
+    preemptions: int
+    formula: KVFormula
 
 
 class NoFreeBlocksError(RuntimeError):

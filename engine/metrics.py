@@ -11,10 +11,38 @@ import functools
 import math
 import numbers
 import time
+from dataclasses import dataclass
 
 import torch
 
 from . import compute
+from .records import Record
+
+
+@dataclass
+class StepTiming(Record):
+    """Measured wall-clock time of one engine step, phase by phase, and the engine clock after it."""
+
+    schedule_ms: float
+    draft_ms: float  # speculative drafters (0 without speculating sequences)
+    forward_ms: float  # the model's one forward over the batch
+    sample_ms: float  # sampling or verifying, and settling the KV blocks
+    step_ms: float
+    engine_clock_s: float  # the sum of every step's duration so far: TTFT and ITL are read on this clock
+
+
+@dataclass
+class StepCost(Record):
+    """Estimated bytes moved and FLOPs of one forward (`step_cost`). Counts are floats where the whiteboard
+    calculators pass fractional bytes per weight; the engine's own are whole numbers."""
+
+    tokens: int  # tokens whose K/V the forward computed
+    weight_bytes: float
+    kv_read_bytes: float
+    kv_write_bytes: float
+    bytes: float  # weights + K/V read + K/V written
+    flops: float
+    intensity: float  # FLOPs per byte
 
 
 def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int,
@@ -40,7 +68,7 @@ def decode_step_lower_bound(bytes_per_step: float, bandwidth: float) -> float:
 
 
 def step_cost(weight_bytes: int, params_per_token: int, head_params: int, kv_bytes_per_token: int,
-              seqs: list[tuple[int, int, int]], num_layers: int, num_heads: int, head_dim: int) -> dict:
+              seqs: list[tuple[int, int, int]], num_layers: int, num_heads: int, head_dim: int) -> StepCost:
     """Estimated bytes moved and FLOPs of one forward.
 
     seqs: (start_pos, new_tokens, logits_rows) per sequence.
@@ -56,15 +84,8 @@ def step_cost(weight_bytes: int, params_per_token: int, head_params: int, kv_byt
     attn_flops = 4 * num_layers * num_heads * head_dim * pairs
     total_bytes = weight_bytes + kv_read + kv_write
     flops = matmul_flops + attn_flops
-    return {
-        "tokens": tokens,
-        "weight_bytes": weight_bytes,
-        "kv_read_bytes": kv_read,
-        "kv_write_bytes": kv_write,
-        "bytes": total_bytes,
-        "flops": flops,
-        "intensity": flops / total_bytes if total_bytes else 0.0,
-    }
+    return StepCost(tokens=tokens, weight_bytes=weight_bytes, kv_read_bytes=kv_read, kv_write_bytes=kv_write,
+                    bytes=total_bytes, flops=flops, intensity=flops / total_bytes if total_bytes else 0.0)
 
 
 @functools.lru_cache(maxsize=None)

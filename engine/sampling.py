@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .checks import as_int, check_unicode, type_error, value_error
+from .records import build
 
 STAGE_NAMES = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
 
@@ -235,6 +236,10 @@ class StageSnapshot:
             "active": bool(self.active),
         }
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "StageSnapshot":
+        return build(cls, data)
+
 
 @dataclass
 class SamplingTrace:
@@ -264,6 +269,11 @@ class SamplingTrace:
             "cdf": [[int(t), _json_float(c) or 0.0] for t, c in self.cdf],
             "vocab_size": int(self.vocab_size),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SamplingTrace":
+        """The inverse of to_dict() (replayed traces): stages become StageSnapshots, cdf rows tuples."""
+        return build(cls, data, {"cdf": lambda rows: [(int(t), float(c)) for t, c in rows]})
 
 
 # ----------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from . import metrics
 from .checks import as_bool, as_int, as_text, short_repr, type_error
 from .kv_cache import BlockManager, kv_block_preserver
 from .model import KVStorage, Model, ModelSpec, SeqInput
+from .records import Record
 from .sampling import SamplingParams, sampling_probs
 
 METHODS = ("ngram", "early_exit", "draft")
@@ -211,6 +212,108 @@ def verify(draft_ids: Sequence[int], q: torch.Tensor | None, p, generator: torch
     rows.append(p_bonus)
     tok, u_final = draw(p_bonus, generator)
     return Verification(checks, len(draft_ids), tok, "bonus", float(p_bonus[tok]), u_final, None, 0.0, rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# A round as a step event shows it (SeqEvent.spec); the engine fills these from the Verification
+
+
+@dataclass
+class RoundDraft(Record):
+    """One drafted token and its test; "unchecked" drafts came after the first rejection."""
+
+    position: int  # 1-based within the round
+    token: int
+    text: str
+    q: float  # its probability under the drafter (1 for a point-mass drafter)
+    p: float | None  # under the target (None: not checked)
+    ratio: float | None  # p / q (None: not checked, or q = 0)
+    u: float | None
+    verdict: str  # "accepted", "rejected" or "unchecked"
+
+
+@dataclass
+class RoundFinal(Record):
+    """The token the round ends with: resampled after a rejection or the bonus after all were kept; a round
+    without drafts ends with the token sampled (or forced) as usual."""
+
+    position: int
+    token: int
+    text: str
+    kind: str  # "resampled", "bonus", "sampled" or "forced"
+    prob: float | None  # in the distribution it was drawn from (None: not traced)
+    u: float | None
+    kept: bool  # False when a stop string, EOS or max_tokens ended the round before it
+
+
+@dataclass
+class RoundResidual(Record):
+    """norm(max(p − q, 0)) at the rejected position, over the tokens worth showing (top_union)."""
+
+    position: int
+    token_ids: list[int]
+    texts: list[str]
+    p: list[float]
+    q: list[float]
+    residual: list[float]
+    mass: float  # sum of max(p − q, 0) before normalising: the probability of the rejection there
+    drawn: int
+
+
+@dataclass
+class RoundDist(Record):
+    """The target's p and the drafter's q at one position of a traced round, over the tokens worth showing."""
+
+    position: int
+    draft: int | None  # the drafted token (None: the bonus position)
+    token_ids: list[int]
+    texts: list[str]
+    p: list[float]
+    q: list[float] | None
+
+
+@dataclass
+class RoundRollback(Record):
+    """KV given back after verification: the slots of drafts that were not kept, and the blocks freed."""
+
+    reserved_slots: int
+    slots: int
+    blocks: list[int]
+
+
+@dataclass
+class AdaptiveK(Record):
+    """The adaptive k's inputs after this round and the k it chose for the next one."""
+
+    alpha_recent: float
+    cost_ratio: float | None  # measured draft cost per draft ÷ verify cost (None: not measured yet)
+    k_next: int
+
+
+@dataclass
+class SpecRound(Record):
+    """One speculative round of one sequence (a decode step): drafts and their checks, the final token, the
+    KV rollback, timings, and the sequence's cumulative statistics after it."""
+
+    method: str
+    k: int  # drafts asked for this round
+    k_config: int
+    num_drafted: int
+    num_accepted: int
+    num_emitted: int
+    emitted_ids: list[int]
+    emitted_texts: list[str]
+    truncated: bool  # a stop string, EOS or max_tokens cut the round short
+    draft: list[RoundDraft]
+    final: RoundFinal
+    residual: RoundResidual | None  # after a rejection
+    dists: list[RoundDist] | None  # traced rounds with drafts
+    rollback: RoundRollback
+    draft_ms: float
+    verify_ms: float
+    drafter: dict  # the drafter's description and this draft's facts (n-gram match, exit layer, ...)
+    adaptive: AdaptiveK | None  # adaptive k only
+    stats: dict  # SpecState.stats(): the same dict as GenerationResult.speculative
 
 
 # ----------------------------------------------------------------------------------------------

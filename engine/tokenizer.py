@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 from .checks import as_bool, as_int, as_text, type_error
+from .records import build
 
 __all__ = [
     "MAX_PROMPT_CHARS",
@@ -474,6 +475,10 @@ class DetokStep:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DetokStep":
+        return build(cls, data)
 
 
 class IncrementalDetokenizer:

@@ -6,6 +6,7 @@ import pytest
 
 from app import render
 from app.render import CHART_IDS
+from engine.records import dumps
 from app.server import ModelHolder
 from app.session import SessionRegistry
 from app.handlers import LabHandlers
@@ -45,18 +46,18 @@ def test_step_payload_matches_engine_event(lab):
     assert not set(second["figs"]) & set(second["same"])
     assert {c for c in CHART_IDS if c.startswith("chart-spec")} <= set(second["same"])
     now = render.build_payload(s, "en", 3, 2, "", None, h.holder.machine)["figs"]
-    assert all(first["figs"][c] == json.loads(render.dumps(now[c])) for c in second["same"])
+    assert all(first["figs"][c] == json.loads(dumps(now[c])) for c in second["same"])
     ev = s.events[-1].seq(s.focus)
     # the sampling chart's last stage bars are the trace's final probabilities
     fig = second["figs"]["chart-sampling"]
-    final = ev.sampling["stages"][-1]["probs"]
+    final = ev.sampling.stages[-1].probs
     # horizontal bars: one row per tracked token, the probability on x
     xs = [x for tr in fig["data"] if tr.get("type") == "bar" for x in (tr.get("x") or []) if isinstance(x, (int, float))]
     assert all(any(abs(p - x) < 1e-6 for x in xs) for p in final if p > 0)
     # the timeline has one bar per step with the measured step time
     tl = second["figs"]["chart-timeline"]["data"]
     bars = [y for tr in tl if tr.get("name") == "steps" for y in tr["y"]]
-    assert sorted(round(b, 6) for b in bars) == sorted(round(e.timing["step_ms"], 6) for e in s.events)
+    assert sorted(round(b, 6) for b in bars) == sorted(round(e.timing.step_ms, 6) for e in s.events)
     assert ev.new_token_text.strip()[:1] in second["html"]["html-tokens"] or ev.new_token is not None
     assert "il-msg-error" not in (first["html"].get("html-message", "") + second["html"].get("html-message", ""))
     # HTML pieces travel only when they change: the template stays, the token chips grow
@@ -84,7 +85,7 @@ def test_what_if_recomputes_without_stepping(lab):
     assert set(out["figs"]) == {"chart-sampling", "chart-cdf"}
     assert "what-if" in out["html"].get("html-message", "").lower()
     trace = s.engine.what_if(s.focus, h.params(0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 24, ""))
-    assert trace["u"] == base["u"] and trace["greedy"]
+    assert trace.u == base.u and trace.greedy
     # back to the values the step sampled with (or a Step already applied them before this event arrived):
     # the real chain again, no what-if banner left behind
     d = DEFAULTS
@@ -93,7 +94,7 @@ def test_what_if_recomputes_without_stepping(lab):
     assert s.what_if is None and len(s.events) == n
     assert "what-if" not in back["html"]["html-message"].lower()
     real = render.build_payload(s, "en", 3, 2, "", None, h.holder.machine)["figs"]["chart-sampling"]
-    assert back["figs"]["chart-sampling"] == json.loads(render.dumps(real))
+    assert back["figs"]["chart-sampling"] == json.loads(dumps(real))
     # the page now shows the real chain: a view refresh names it unchanged instead of sending it again
     assert "chart-sampling" in json.loads(h.view(*VIEW, request=req()))["same"]
     assert "what-if" not in back["figs"]["chart-sampling"]["layout"]["title"]["text"].lower()
@@ -161,7 +162,7 @@ def test_tabs_share_one_engine_own_their_sequences_and_free_them_on_close(lab):
     b_blocks = eng.seq_view(b.focus).num_blocks
     registry.drop("a")
     assert "a" not in registry.sessions and eng.seq_ids(a.owner) == []
-    assert eng.kv_stats()["used"] == b_blocks  # a's blocks went back to the pool at once
+    assert eng.kv_stats().used == b_blocks  # a's blocks went back to the pool at once
 
 
 def test_concurrent_sessions_do_not_disturb_each_other(lab):

@@ -43,8 +43,8 @@ def test_speculative_settings_apply_to_new_requests_and_speedup_is_measured(tool
     step(lab, "Repeat exactly: one two three, one two three, one two three.")
     for _ in range(3):
         step(lab)
-    specs = [se.spec for ev in s.events for se in ev.seqs if se.spec]
-    assert specs and all(sp["method"] == "ngram" for sp in specs)
+    specs = [se.spec for ev in s.events for se in ev.seqs if se.spec is not None]
+    assert specs and all(sp.method == "ngram" for sp in specs)
     out = json.loads(t.spec_measure(*VIEW, request=req()))
     cmp = s.spec_comparison
     assert cmp["same_tokens"] and cmp["plain"]["tok_s"] > 0 and cmp["speculative"]["tok_s"] > 0

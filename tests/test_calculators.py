@@ -14,8 +14,8 @@ import pytest
 
 from app import calculators as calc
 from app.charts import calculators as charts
-from app.render import dumps
 from engine import metrics
+from engine.records import dumps
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 MACHINE = {"bandwidth": 20e9, "peak_flops": 150e9}  # a made-up CPU: the app measures the real one
@@ -210,7 +210,7 @@ def test_roofline_chart_equals_formula(payload, presets):
         return metrics.step_cost(counts["per_step"] * 2, counts["matmul"], counts["head"], 131072, seqs, 32, 32, 128)
     want = [cost([(4095, 1, 1)]), cost([(4095, 1, 1)] * 4), cost([(0, 4096, 1)])]
     pts = _trace(fig, "points")
-    assert pts["x"] == pytest.approx([metrics.arithmetic_intensity(c["flops"], c["bytes"]) for c in want])
+    assert pts["x"] == pytest.approx([metrics.arithmetic_intensity(c.flops, c.bytes) for c in want])
     assert pts["y"] == pytest.approx([metrics.attainable_flops(x, g["peak_flops"], g["bandwidth"]) for x in pts["x"]])
     decode1, decode4, prefill = pts["x"]
     assert decode1 < decode4 < ridge < prefill  # decode is memory-bound, a 4096-token prefill compute-bound

@@ -20,6 +20,7 @@ from app.charts import tokens as TK
 from app.charts.common import ACCENT
 from app.panels import tokens as PT
 from engine import Capture, SamplingParams
+from engine.sampling import SamplingTrace
 from engine.tokenizer import bpe_merges, token_info
 
 LAYER, HEAD = 3, 2
@@ -74,11 +75,16 @@ def test_the_run_has_the_cases_we_want(run):
     assert run.events[run.off_step].seq(run.a).capture is None
 
 
+# a sampling trace that tracked no tokens
+NO_TOKENS = SamplingTrace(token_ids=[], token_texts=[], stages=[], u=0.0, chosen=0, chosen_prob=0.0, chosen_rank=0,
+                          greedy=True, params={}, cdf=[])
+
+
 def test_empty_before_any_step(run):
     t = run.texts[run.a]
     figs = [A.attention_heatmap([], 0, 0, 0, t), A.attention_heads_grid([], 0, 0, t), A.head_entropy_chart([], 0),
             A.logit_lens_chart([], 0), E.embedding_pca([], 0, t), E.neighbours_chart([], "x"),
-            LG.logits_chart(None, None), LG.logits_chart({}, {}), LG.perplexity_chart([], 0),
+            LG.logits_chart(None, None), LG.logits_chart(NO_TOKENS, None), LG.perplexity_chart([], 0),
             TK.bytes_per_token_chart([], 0)]
     for f in figs:
         valid(f)
@@ -223,7 +229,7 @@ def test_logit_lens_accumulates_positions_latest_wins(run):
                 assert plain(tok) in tr["customdata"][layer][j]
     # the last layer's lens is the model's real distribution: its top-1 is the greedy choice
     last = run.events[-1].seq(run.a)
-    assert tr["z"][L - 1][-1] == pytest.approx(max(last.sampling["stages"][0]["probs"]), abs=1e-4)
+    assert tr["z"][L - 1][-1] == pytest.approx(max(last.sampling.stages[0].probs), abs=1e-4)
     small = A.logit_lens_chart(run.events, run.a, max_positions=3)
     assert small["data"][0]["x"] == [str(p) for p in positions[-3:]]
 
@@ -239,13 +245,13 @@ def test_logits_chart_matches_the_sampling_trace(run):
         s = run.events[step].seq(sid)
         smp, stats = s.sampling, s.logit_stats
         fig = valid(LG.logits_chart(smp, stats))
-        raw = next(st for st in smp["stages"] if st["name"] == "logits")
+        raw = next(st for st in smp.stages if st.name == "logits")
         logit_bar, prob_bar, final_bar = fig["data"]
-        assert logit_bar["x"] == raw["logits"] and prob_bar["x"] == raw["probs"]
-        assert final_bar["x"] == smp["stages"][-1]["probs"]
+        assert logit_bar["x"] == raw.logits and prob_bar["x"] == raw.probs
+        assert final_bar["x"] == smp.stages[-1].probs
         assert logit_bar["xaxis"] == "x" and prob_bar["xaxis"] == "x2"
-        assert [c[0] for c in prob_bar["customdata"]] == smp["token_ids"]  # clicking a bar forces this id
-        k = smp["token_ids"].index(smp["chosen"])
+        assert [c[0] for c in prob_bar["customdata"]] == smp.token_ids  # clicking a bar forces this id
+        k = smp.token_ids.index(smp.chosen)
         colors = logit_bar["marker"]["color"]
         assert colors[k] == ACCENT and colors.count(ACCENT) == 1
         for bar in (logit_bar, prob_bar, final_bar):
@@ -254,12 +260,12 @@ def test_logits_chart_matches_the_sampling_trace(run):
         (band,) = fig["layout"]["shapes"]
         assert band["y0"] == k - 0.5 and band["y1"] == k + 0.5
         ticks = fig["layout"]["yaxis"]["ticktext"]
-        assert ticks == [LG.id_label(x, i) for x, i in zip(smp["token_texts"], smp["token_ids"])]
+        assert ticks == [LG.id_label(x, i) for x, i in zip(smp.token_texts, smp.token_ids)]
         assert all(tick.startswith(plain(x)) for tick, x in
-                   zip(ticks, smp["token_texts"]))
+                   zip(ticks, smp.token_texts))
         title = fig["layout"]["title"]["text"]
-        assert f"{stats['entropy']:.2f} nats" in title and f"{stats['entropy'] / math.log(2):.2f} bits" in title
-        assert f"rank {smp['chosen_rank']}" in title and f"{smp['chosen_prob']:.3f}" in title
+        assert f"{stats.entropy:.2f} nats" in title and f"{stats.entropy / math.log(2):.2f} bits" in title
+        assert f"rank {smp.chosen_rank}" in title and f"{smp.chosen_prob:.3f}" in title
         # the key names the probability bars in their colours
         assert key_items(fig) == [(b["marker"]["color"], b["name"]) for b in (prob_bar, final_bar)]
     ru = LG.logits_chart(smp, stats, lang="ru")
@@ -270,10 +276,10 @@ def test_perplexity_chart(run):
     fig = valid(LG.perplexity_chart(run.events, run.a))
     bars, expected, running = fig["data"]
     evs = [e.seq(run.a) for e in run.events if e.seq(run.a) is not None and e.seq(run.a).new_token is not None]
-    lp = [s.logit_stats["token_logprob"] for s in evs]
+    lp = [s.logit_stats.token_logprob for s in evs]
     assert bars["y"] == pytest.approx(lp)
     assert bars["x"] == list(range(len(lp)))
-    assert expected["y"] == pytest.approx([-s.logit_stats["entropy"] for s in evs])
+    assert expected["y"] == pytest.approx([-s.logit_stats.entropy for s in evs])
     want = np.exp(-np.cumsum(lp) / np.arange(1, len(lp) + 1))
     assert running["y"] == pytest.approx(want.tolist()) and running["yaxis"] == "y2"
     assert [c[0] for c in bars["customdata"]] == [LG.id_label(s.new_token_text, s.new_token) for s in evs]
@@ -282,12 +288,12 @@ def test_perplexity_chart(run):
 
 
 def test_perplexity_drops_tokens_after_a_rewind():
-    from engine.events import SeqEvent, StepEvent
+    from engine.events import LogitStats, SeqEvent, StepEvent
 
     def step(i, k, lp):
         s = SeqEvent(seq_id=0, phase="decode", chunk_start=10 + k, num_processed=1, processed_ids=[1],
                      num_cached_tokens=0, prompt_len=10, num_tokens=11 + k, new_token=5, new_token_text="x",
-                     logit_stats={"entropy": 1.0, "token_logprob": lp})
+                     logit_stats=LogitStats(entropy=1.0, max_logit=0.0, logsumexp=0.0, token_logprob=lp, token_rank=0))
         return StepEvent(step=i, seqs=[s], admitted=[], preempted=[], finished=[], waiting=[], running=[0], kv={},
                          blocks=[], block_tables={}, timing={}, cost={})
 

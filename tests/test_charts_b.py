@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,7 +19,9 @@ from app.charts import detok, kv_cache, sampling, timeline
 from app.charts.common import ACCENT, GREY, SEQ_COLORS, fmt_bytes, plain, seq_color, token_label
 from app.panels import kv as kv_panel
 from app.panels import pipeline, stream
-from engine import SamplingParams
+from engine import SamplingParams, StepEvent
+from engine.events import SeqEvent
+from engine.tokenizer import DetokStep
 
 BW, PEAK = 20e9, 150e9  # a made-up machine for the roofline (the real one is measured by the app)
 WHAT_IF = "what-if (not applied until the next step)"
@@ -66,11 +70,11 @@ def _all_figures(eng, events, lang="en"):
 
 def test_scenario_exercises_the_interesting_cases(run):
     _, events = run
-    assert any(e.preempted for e in events) or events[-1].kv["evictions"] > 0
-    assert events[-1].kv["prefix_hit_tokens"] > 0
+    assert any(e.preempted for e in events) or events[-1].kv.evictions > 0
+    assert events[-1].kv.prefix_hit_tokens > 0
     assert any(s.finish_reason == "stop" for _, s in _seq_events(events))
-    assert any(s.detok and s.detok["held_bytes"] for _, s in _seq_events(events))
-    assert any(s.detok and s.detok["stop_partial"] for _, s in _seq_events(events))
+    assert any(s.detok and s.detok.held_bytes for _, s in _seq_events(events))
+    assert any(s.detok and s.detok.stop_partial for _, s in _seq_events(events))
     assert {timeline.step_kind(e) for e in events} >= {"prefill", "decode", "mixed"}
 
 
@@ -84,27 +88,27 @@ def test_sampling_chain_bars_equal_stage_probs(run):
         tr = s.sampling
         fig = sampling.sampling_chain_chart(tr)
         bars = [t for t in fig["data"] if t["type"] == "bar"]
-        assert [b["name"] for b in bars] == [st["name"] for st in tr["stages"]] == list(sampling.CHAIN_ORDER)
-        for k, (bar, st) in enumerate(zip(bars, tr["stages"])):
-            assert bar["x"] == st["probs"]
-            assert bar["y"] == list(range(len(tr["token_ids"])))
+        assert [b["name"] for b in bars] == [st.name for st in tr.stages] == list(sampling.CHAIN_ORDER)
+        for k, (bar, st) in enumerate(zip(bars, tr.stages)):
+            assert bar["x"] == st.probs
+            assert bar["y"] == list(range(len(tr.token_ids)))
             colors = bar["marker"]["color"]
-            assert [c == GREY for c in colors] == [not kept for kept in st["kept"]]
-            for i, kept in enumerate(st["kept"]):
+            assert [c == GREY for c in colors] == [not kept for kept in st.kept]
+            for i, kept in enumerate(st.kept):
                 if not kept:
                     assert bar["x"][i] == 0.0 and bar["text"][i] == "✕"
-            assert (bar["opacity"] < 1) == (not st["active"])
+            assert (bar["opacity"] < 1) == (not st.active)
             ann = fig["layout"]["annotations"][k]["text"]
-            if st["active"]:
-                assert f"<br>{st['num_kept']:,}" in ann
+            if st.active:
+                assert f"<br>{st.num_kept:,}" in ann
                 hover = fig["layout"]["annotations"][k]["hovertext"]
-                assert f"{st['num_kept']:,} of {tr['vocab_size']:,} tokens kept" in hover
+                assert f"{st.num_kept:,} of {tr.vocab_size:,} tokens kept" in hover
             else:
                 assert "off" in ann
-        c = tr["token_ids"].index(tr["chosen"])
+        c = tr.token_ids.index(tr.chosen)
         assert bars[-1]["marker"]["color"][c] == ACCENT
         assert sum(col == ACCENT for col in bars[-1]["marker"]["color"]) == 1
-        assert fig["layout"]["yaxis"]["ticktext"][c].startswith(token_label(tr["token_texts"][c])[:5])
+        assert fig["layout"]["yaxis"]["ticktext"][c].startswith(token_label(tr.token_texts[c])[:5])
         assert WHAT_IF not in fig["layout"]["title"]["text"]
 
 
@@ -112,11 +116,11 @@ def test_sampling_chain_marks_removed_mass_and_what_if(run):
     eng, events = run
     e, s = next((e, s) for e, s in _sampled(events) if s.seq_id == 2)  # top_k=5, min_p=0.05
     fig = sampling.sampling_chain_chart(s.sampling)
-    top_k = next(st for st in s.sampling["stages"] if st["name"] == "top_k")
-    assert top_k["active"] and top_k["num_kept"] <= 5
+    top_k = next(st for st in s.sampling.stages if st.name == "top_k")
+    assert top_k.active and top_k.num_kept <= 5
     ann = fig["layout"]["annotations"][sampling.CHAIN_ORDER.index("top_k")]["text"]
-    if top_k["mass_removed"] > 0:
-        assert f"−{top_k['mass_removed']:.1%}" in ann
+    if top_k.mass_removed > 0:
+        assert f"−{top_k.mass_removed:.1%}" in ann
 
     wi = eng.what_if(2, SamplingParams(temperature=1.5, top_k=3))
     fig_wi = sampling.sampling_chain_chart(wi, what_if=True)
@@ -124,8 +128,8 @@ def test_sampling_chain_marks_removed_mass_and_what_if(run):
     assert fig_wi["layout"]["shapes"][0]["line"]["color"] == sampling.WHAT_IF_COLOR
     assert any("WHAT-IF" in a["text"] for a in fig_wi["layout"]["annotations"])
     bars = [t for t in fig_wi["data"] if t["type"] == "bar"]
-    assert bars[sampling.CHAIN_ORDER.index("top_k")]["x"] == wi["stages"][4]["probs"]
-    assert sum(wi["stages"][4]["kept"]) == 3
+    assert bars[sampling.CHAIN_ORDER.index("top_k")]["x"] == wi.stages[4].probs
+    assert sum(wi.stages[4].kept) == 3
     ru = sampling.sampling_chain_chart(wi, what_if=True, lang="ru")
     assert "что-если" in ru["layout"]["title"]["text"]
 
@@ -137,29 +141,29 @@ def test_sampling_cdf_staircase_u_line_and_choice(run):
         tr = s.sampling
         fig = sampling.sampling_cdf_chart(tr)
         by = {t["name"]: t for t in fig["data"]}
-        assert by["cdf"]["y"] == [c for _, c in tr["cdf"]]
-        assert [cd[0] for cd in by["cdf"]["customdata"]] == [t for t, _ in tr["cdf"]]
+        assert by["cdf"]["y"] == [c for _, c in tr.cdf]
+        assert [cd[0] for cd in by["cdf"]["customdata"]] == [t for t, _ in tr.cdf]
         assert by["cdf"]["line"]["shape"] == "hv"
-        pos = [t for t, _ in tr["cdf"]].index(tr["chosen"])
+        pos = [t for t, _ in tr.cdf].index(tr.chosen)
         # each interval bar spans [cdf - p, cdf) of its token
-        for i, (tid, cum) in enumerate(tr["cdf"]):
-            p = tr["stages"][-1]["probs"][tr["token_ids"].index(tid)]
+        for i, (tid, cum) in enumerate(tr.cdf):
+            p = tr.stages[-1].probs[tr.token_ids.index(tid)]
             assert math.isclose(by["interval"]["base"][i] + by["interval"]["y"][i], cum, abs_tol=1e-6)
             assert math.isclose(by["interval"]["y"][i], p, rel_tol=1e-9)
-        if tr["greedy"]:
+        if tr.greedy:
             checked_greedy = True
             assert "u" not in by
             assert any("temperature 0: argmax, no draw" in a["text"] for a in fig["layout"]["annotations"])
         else:
             checked_draw = True
-            assert by["u"]["y"] == [tr["u"], tr["u"]]
-            assert by["chosen"]["x"] == [pos] and by["chosen"]["y"] == [tr["u"]]
-            lo = tr["cdf"][pos - 1][1] if pos else 0.0
-            assert lo - 1e-6 <= tr["u"] < tr["cdf"][pos][1] + 1e-6  # u falls in the chosen token's slice
+            assert by["u"]["y"] == [tr.u, tr.u]
+            assert by["chosen"]["x"] == [pos] and by["chosen"]["y"] == [tr.u]
+            lo = tr.cdf[pos - 1][1] if pos else 0.0
+            assert lo - 1e-6 <= tr.u < tr.cdf[pos][1] + 1e-6  # u falls in the chosen token's slice
     assert checked_draw and checked_greedy
     wi = eng.what_if(0, SamplingParams(temperature=1.0))
     fig = sampling.sampling_cdf_chart(wi)
-    assert {t["name"]: t for t in fig["data"]}["u"]["y"] == [wi["u"]] * 2
+    assert {t["name"]: t for t in fig["data"]}["u"]["y"] == [wi.u] * 2
 
 
 # ---- detokenizer and stream -------------------------------------------------------------------------
@@ -173,14 +177,14 @@ def test_detok_table_rows_equal_detok_steps(run):
     cols = tbl["cells"]["values"]
     rows = rows[-12:]
     assert cols[0] == [st for st, _ in rows]
-    assert cols[1] == [s.detok["token_id"] for _, s in rows] == [s.new_token for _, s in rows]
+    assert cols[1] == [s.detok.token_id for _, s in rows] == [s.new_token for _, s in rows]
     assert cols[2] == [plain(s.new_token_text) for _, s in rows]
-    assert cols[3] == [s.detok["token_bytes"] for _, s in rows]
+    assert cols[3] == [s.detok.token_bytes for _, s in rows]
     assert cols[4] == [plain(s.emitted) if s.emitted else "" for _, s in rows]
     assert cols[5] == [plain(detok.held_display(s.detok)) if detok.held_display(s.detok) else ""
                        for _, s in rows]
-    held = [i for i, (_, s) in enumerate(rows) if s.detok["stop_partial"]]
-    assert held and all(cols[6][i] == plain(rows[i][1].detok["stop_partial"]) for i in held)
+    held = [i for i, (_, s) in enumerate(rows) if s.detok.stop_partial]
+    assert held and all(cols[6][i] == plain(rows[i][1].detok.stop_partial) for i in held)
     assert "matched" in cols[6][-1]  # the stop string completed on the last row
     assert len(detok.detok_table(events, 1, last_n=3)["data"][0]["cells"]["values"][0]) == 3
     assert detok.detok_table(events, 99)["data"] == []  # unknown sequence: a placeholder
@@ -199,20 +203,25 @@ def test_stream_html_text_held_and_finish(run):
     assert '<span class="il-finish il-finish-stop"' in out and ">stop<" in out and "il-held" not in out
     # after step 0 the Russian sequence holds the first byte of a Cyrillic letter
     first = events[0].seq(0).detok
-    assert first["held_bytes"]
+    assert first.held_bytes
     out0 = stream.stream_html(events[:1], 0)
-    assert 'class="il-held"' in out0 and first["held_bytes"] in out0 and "il-finish" not in out0
+    assert 'class="il-held"' in out0 and first.held_bytes in out0 and "il-finish" not in out0
     # the stop-string prefix shows while it is held
-    k = next(i for i, e in enumerate(events) if e.seq(1) and e.seq(1).detok and e.seq(1).detok["stop_partial"])
+    k = next(i for i, e in enumerate(events) if e.seq(1) and e.seq(1).detok and e.seq(1).detok.stop_partial)
     assert '<span class="il-held"' in stream.stream_html(events[: k + 1], 1)
     assert "il-stream-empty" in stream.stream_html(events, 42)
 
 
 def test_stream_html_escapes_markup():
-    evs = [{"step": 0, "seqs": [{"seq_id": 5, "emitted": "<b>x</b> & ", "detok": {"held_text": "<s", "held_bytes": ""},
-                                 "finished": False}]},
-           {"step": 1, "seqs": [{"seq_id": 5, "emitted": "<script>", "detok": {"held_text": "", "held_bytes": ""},
-                                 "finished": True, "finish_reason": "eos"}]}]
+    def step(i, emitted, held, reason=None):
+        detok = DetokStep(token_id=1, token_bytes="", emitted=emitted, held_text=held, held_bytes="", stop=None,
+                          stop_partial=held)
+        seq = SeqEvent(seq_id=5, phase="decode", chunk_start=i, num_processed=1, processed_ids=[1], num_cached_tokens=0,
+                       prompt_len=1, num_tokens=i + 2, new_token=1, emitted=emitted, detok=detok,
+                       finished=reason is not None, finish_reason=reason)
+        return SimpleNamespace(step=i, seqs=[seq])  # stream_html reads only the sequences of each step
+
+    evs = [step(0, "<b>x</b> & ", "<s"), step(1, "<script>", "", "eos")]
     out = stream.stream_html(evs, 5, "ru")
     assert "<b>x" not in out and "<script>" not in out
     assert "&lt;b&gt;x&lt;/b&gt; &amp; &lt;script&gt;" in out
@@ -295,30 +304,30 @@ def test_kv_memory_bars_equal_kv_bytes(run):
             for y, x in zip(tr["y"], tr["x"]):
                 rows.setdefault(y, []).append((tr["name"], x))
         pool, paged, naive = "paged pool", "paged: used blocks", "naive contiguous"
-        assert [x for _, x in rows[pool]] == [kv["used_bytes"], kv["cached_bytes"], kv["free_bytes"]]
-        assert math.isclose(sum(x for _, x in rows[pool]), kv["pool_bytes"])
-        bpt = kv["bytes_per_token"]
-        assert math.isclose(sum(x for _, x in rows[paged]), max(kv["used_bytes"], kv["paged_waste_tokens"] * bpt))
-        assert dict(rows[paged])["paged: unused slots in last blocks"] == kv["paged_waste_tokens"] * bpt
-        assert math.isclose(sum(x for _, x in rows[naive]), kv["naive_reserved_tokens"] * bpt)
-        assert dict(rows[naive])["naive: reserved for max_tokens, unused"] == kv["naive_waste_tokens"] * bpt
-        assert fig["layout"]["shapes"][0]["x0"] == kv["pool_bytes"]
+        assert [x for _, x in rows[pool]] == [kv.used_bytes, kv.cached_bytes, kv.free_bytes]
+        assert math.isclose(sum(x for _, x in rows[pool]), kv.pool_bytes)
+        bpt = kv.bytes_per_token
+        assert math.isclose(sum(x for _, x in rows[paged]), max(kv.used_bytes, kv.paged_waste_tokens * bpt))
+        assert dict(rows[paged])["paged: unused slots in last blocks"] == kv.paged_waste_tokens * bpt
+        assert math.isclose(sum(x for _, x in rows[naive]), kv.naive_reserved_tokens * bpt)
+        assert dict(rows[naive])["naive: reserved for max_tokens, unused"] == kv.naive_waste_tokens * bpt
+        assert fig["layout"]["shapes"][0]["x0"] == kv.pool_bytes
 
 
 def test_kv_formula_html(run):
     _, events = run
     ev = events[-1]
-    kv, f = ev.kv, ev.kv["formula"]
+    kv, f = ev.kv, ev.kv.formula
     out = kv_panel.kv_formula_html(ev)
-    assert 2 * f["layers"] * f["kv_heads"] * f["head_dim"] * f["bytes_per_elem"] == kv["bytes_per_token"]
-    assert (f"2 × {f['layers']} layers × {f['kv_heads']} KV heads × {f['head_dim']} × {f['bytes_per_elem']} B = "
+    assert 2 * f.layers * f.kv_heads * f.head_dim * f.bytes_per_elem == kv.bytes_per_token
+    assert (f"2 × {f.layers} layers × {f.kv_heads} KV heads × {f.head_dim} × {f.bytes_per_elem} B = "
             in out)
-    assert f"{kv['bytes_per_token']:,} B</b> per token" in out
-    assert f"block of {kv['block_size']} tokens = " in out and fmt_bytes(kv['block_bytes']) in out
-    assert fmt_bytes(kv['pool_bytes']) in out
-    assert f"{kv['hit_rate']:.1%}" in out
-    for key, value in (("prefill_saved", kv["prefix_hit_tokens"]), ("evictions", kv["evictions"]),
-                       ("preemptions", kv["preemptions"]), ("cow_copies", kv["cow_copies"])):
+    assert f"{kv.bytes_per_token:,} B</b> per token" in out
+    assert f"block of {kv.block_size} tokens = " in out and fmt_bytes(kv.block_bytes) in out
+    assert fmt_bytes(kv.pool_bytes) in out
+    assert f"{kv.hit_rate:.1%}" in out
+    for key, value in (("prefill_saved", kv.prefix_hit_tokens), ("evictions", kv.evictions),
+                       ("preemptions", kv.preemptions), ("cow_copies", kv.cow_copies)):
         assert re.search(rf'data-stat="{key}">[^<]*<b>{value:,}</b>', out)
     assert "il-kv-empty" in kv_panel.kv_formula_html(None)
     assert "слоёв" in kv_panel.kv_formula_html(ev, "ru")
@@ -331,14 +340,14 @@ def test_timeline_bars_equal_step_ms(run):
     fig = timeline.timeline_chart(events)
     bars = fig["data"][0]
     assert bars["x"] == [e.step for e in events]
-    assert bars["y"] == [e.timing["step_ms"] for e in events]
+    assert bars["y"] == [e.timing.step_ms for e in events]
     assert bars["marker"]["color"] == [timeline.KIND_COLORS[timeline.step_kind(e)] for e in events]
     assert timeline.step_kind(events[0]) == "prefill"
     mixed = next(e for e in events if timeline.step_kind(e) == "mixed")
     hover = bars["customdata"][events.index(mixed)]
     for s in mixed.seqs:
         assert f"seq {s.seq_id}: {s.phase} {s.num_processed} tok" in hover
-    assert f"forward {mixed.timing['forward_ms']:.1f} ms" in hover
+    assert f"forward {mixed.timing.forward_ms:.1f} ms" in hover
 
 
 def test_latency_table_equals_seq_times(run):
@@ -362,9 +371,9 @@ def test_roofline_points_and_roof(run):
     _, events = run
     fig = timeline.roofline_chart(events, BW, PEAK)
     by = {t["name"]: t for t in fig["data"]}
-    ran = [e for e in events if e.cost["tokens"] > 0]
-    assert by["steps"]["x"] == [e.cost["flops"] / e.cost["bytes"] for e in ran]
-    assert by["steps"]["y"] == [e.cost["flops"] / (e.timing["forward_ms"] / 1e3) for e in ran]
+    ran = [e for e in events if e.cost.tokens > 0]
+    assert by["steps"]["x"] == [e.cost.flops / e.cost.bytes for e in ran]
+    assert by["steps"]["y"] == [e.cost.flops / (e.timing.forward_ms / 1e3) for e in ran]
     assert [cd[0] for cd in by["steps"]["customdata"]] == [e.step for e in ran]
     for x, y, cd in zip(by["steps"]["x"], by["steps"]["y"], by["steps"]["customdata"]):
         assert math.isclose(cd[3], 100 * y / min(PEAK, BW * x))
@@ -389,14 +398,15 @@ def test_pipeline_lit_stages(run):
     first = pipeline.pipeline_html(events[0])  # prefill, and seq 0 sampled its first token
     assert _lit(first) == all8
     pre = sum(s.num_processed for s in events[0].seqs)
-    assert f"step 0 · prefill {pre} tok · {events[0].timing['step_ms']:.0f} ms" in first
+    assert f"step 0 · prefill {pre} tok · {events[0].timing.step_ms:.0f} ms" in first
     dec = next(e for e in events if timeline.step_kind(e) == "decode" and len(e.seqs) > 1)
     out = pipeline.pipeline_html(dec)
     assert _lit(out) == all8 - {"template", "tokens"}
     assert f"decode {len(dec.seqs)} seqs" in out
     assert len(re.findall(r'class="il-stage( il-lit)?" data-stage=', out)) == 8 and out.count("il-arrow") == 7
-    chunk = {"step": 7, "seqs": [{"seq_id": 0, "phase": "prefill", "num_processed": 16, "new_token": None}],
-             "admitted": [0], "timing": {"step_ms": 12.0}}
+    # a prefill chunk that samples nothing
+    chunk = replace(events[0], step=7, admitted=[0], preempted=[], finished=[],
+                    seqs=[replace(events[0].seqs[0], phase="prefill", num_processed=16, new_token=None)])
     assert _lit(pipeline.pipeline_html(chunk)) == {"template", "tokens", "embeddings", "layers", "logits"}
     assert _lit(pipeline.pipeline_html(None)) == set()
     assert "Шаблон чата" in pipeline.pipeline_html(None, "ru")
@@ -413,19 +423,19 @@ def test_all_figures_are_plain_json_with_constant_uirevision(run, lang):
         if fig["data"][0]["type"] != "table":
             assert "title" in fig["layout"]["xaxis"] and "title" in fig["layout"]["yaxis"]
             assert all("hovertemplate" in t or t.get("hoverinfo") == "skip" for t in fig["data"])
-    dict_events = [e.to_dict() for e in events]  # replayed events (plain dicts) draw too
-    for fig in (detok.detok_table(dict_events, 1, lang=lang), kv_cache.block_pool_chart(dict_events[-1], lang),
-                kv_cache.block_tables_chart(dict_events[2], lang), kv_cache.kv_memory_chart(dict_events[2], lang),
-                timeline.timeline_chart(dict_events, lang), timeline.latency_table(dict_events, lang),
-                timeline.roofline_chart(dict_events, BW, PEAK, lang)):
+    replayed = [StepEvent.from_dict(e.to_dict()) for e in events]  # events built back from their JSON draw too
+    for fig in (detok.detok_table(replayed, 1, lang=lang), kv_cache.block_pool_chart(replayed[-1], lang),
+                kv_cache.block_tables_chart(replayed[2], lang), kv_cache.kv_memory_chart(replayed[2], lang),
+                timeline.timeline_chart(replayed, lang), timeline.latency_table(replayed, lang),
+                timeline.roofline_chart(replayed, BW, PEAK, lang)):
         json.dumps(fig, allow_nan=False)
         assert fig["data"]
-    assert stream.stream_html(dict_events, 0) == stream.stream_html(events, 0)
-    assert pipeline.pipeline_html(dict_events[3]) == pipeline.pipeline_html(events[3])
+    assert stream.stream_html(replayed, 0) == stream.stream_html(events, 0)
+    assert pipeline.pipeline_html(replayed[3]) == pipeline.pipeline_html(events[3])
 
 
 def test_empty_inputs_give_placeholders():
-    figs = [sampling.sampling_chain_chart(None), sampling.sampling_cdf_chart({}), detok.detok_table([], 0),
+    figs = [sampling.sampling_chain_chart(None), sampling.sampling_cdf_chart(None), detok.detok_table([], 0),
             kv_cache.block_pool_chart(None), kv_cache.block_tables_chart(None), kv_cache.kv_memory_chart(None),
             timeline.timeline_chart([]), timeline.latency_table([]), timeline.roofline_chart([], BW, PEAK)]
     for fig in figs:
@@ -467,7 +477,7 @@ def test_sampling_chain_columns_share_one_axis_and_one_scale(run):
     s = next(s for _, s in _sampled(events) if s.seq_id == 2)  # top_k=5, min_p=0.05: renormalised stages
     fig = sampling.sampling_chain_chart(s.sampling)
     bars = [t for t in fig["data"] if t["type"] == "bar"]
-    reach = max(p for st in s.sampling["stages"] for p in st["probs"]) * 1.08
+    reach = max(p for st in s.sampling.stages for p in st.probs) * 1.08
     assert [b["base"] for b in bars] == pytest.approx([k * reach * (1 + sampling.COLUMN_GAP) for k in range(6)])
     assert all("xaxis" not in b for b in bars) and "xaxis2" not in fig["layout"]
     xaxis = fig["layout"]["xaxis"]
@@ -475,5 +485,5 @@ def test_sampling_chain_columns_share_one_axis_and_one_scale(run):
     assert xaxis["tickvals"][0::2] == [b["base"] for b in bars] and set(xaxis["ticktext"][0::2]) == {"0"}
     tick = xaxis["tickvals"][1] - xaxis["tickvals"][0]
     assert tick <= 0.75 * reach and xaxis["ticktext"][1] == f"{tick:.0%}"
-    for b, st in zip(bars, s.sampling["stages"]):  # the hover reads p from customdata, x is the bar's length
-        assert [c[4] for c in b["customdata"]] == st["probs"] and "customdata[4]" in b["hovertemplate"]
+    for b, st in zip(bars, s.sampling.stages):  # the hover reads p from customdata, x is the bar's length
+        assert [c[4] for c in b["customdata"]] == st.probs and "customdata[4]" in b["hovertemplate"]

@@ -74,7 +74,7 @@ def to_record(ev, t_):
     reasons = {s.seq_id: s.finish_reason for s in ev.seqs if s.finished}
     in_step = {b["seq_id"] for b in ev.batch}
     kv = ev.kv
-    return {"step": ev.step, "t": t_, "step_ms": ev.timing["step_ms"],
+    return {"step": ev.step, "t": t_, "step_ms": ev.timing.step_ms,
             "batch": [{"seq_id": b["seq_id"], "owner": b["owner"],
                        "phase": "verify" if b.get("num_drafted") else b["phase"],
                        "num_processed": b["num_processed"], "num_emitted": b["num_emitted"]} for b in ev.batch],
@@ -83,10 +83,9 @@ def to_record(ev, t_):
             "finished": [{"seq_id": s, "owner": who(s), "reason": reasons.get(s) or "abort"} for s in ev.finished],
             "waiting": [{"seq_id": s, "owner": who(s)} for s in ev.waiting],
             "held": len(set(ev.running) - in_step),
-            "pool": {"num_blocks": kv["num_blocks"], "used": kv["used"], "cached": kv["cached"], "free": kv["free"],
-                     "shared": kv["shared"], "hit_tokens": kv["prefix_hit_tokens"],
-                     "prompt_tokens": kv["prefix_query_tokens"],
-                     "hit_rate": kv["hit_rate"] if kv["prefix_query_tokens"] else None}}
+            "pool": {"num_blocks": kv.num_blocks, "used": kv.used, "cached": kv.cached, "free": kv.free,
+                     "shared": kv.shared, "hit_tokens": kv.prefix_hit_tokens, "prompt_tokens": kv.prefix_query_tokens,
+                     "hit_rate": kv.hit_rate if kv.prefix_query_tokens else None}}
 
 
 def to_blocks(ev):
@@ -109,7 +108,7 @@ def live(base_engine):
     events, records, clock = [], [], 1000.0
     for i in range(14):
         ev = eng.step(owners={"tab 1"} if i < 2 else {ME} if i == 4 else {"tab 1", ME})
-        clock += ev.timing["step_ms"] / 1e3
+        clock += ev.timing.step_ms / 1e3
         events.append(ev)
         records.append(to_record(ev, clock))
         if i == 3:
@@ -400,7 +399,7 @@ def test_live_run_batches_two_owners(live):
     got, want = _grid_counts(pool), Counter(mid_blocks)
     assert got[room.SHARED_COLOR] == want["shared"] and got[room.owner_color(ME)] == want[ME]
     assert got[room.owner_color("tab 1")] == want["tab 1"]
-    assert sum(got.values()) == len(mid_blocks) == events[3].kv["num_blocks"]
+    assert sum(got.values()) == len(mid_blocks) == events[3].kv.num_blocks
     assert "hit rate" in _title(pool)
     # throughput from the records' emitted tokens: every token the engine emitted is counted once
     s = room.throughput_series(records)

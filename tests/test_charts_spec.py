@@ -8,6 +8,7 @@ speed-up chart. Every figure's numbers are compared with the event fields they w
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +18,7 @@ from app.charts.common import axis_title
 from app.i18n import texts
 from engine import SamplingParams, SpeculativeConfig
 from engine import speculative as S
+from engine.events import StepEvent
 from engine.metrics import expected_tokens_per_pass
 
 EXTRACTIVE = ("Repeat the following text exactly: The quick brown fox jumps over the lazy dog, "
@@ -64,11 +66,11 @@ def test_rounds_timeline_places_every_draft_and_final_token(run):
         kinds = texts("spec", "en")["kinds"]
         expected = {}
         for r, (step, sp) in enumerate(rounds, start=1):
-            for d in sp["draft"]:
-                expected.setdefault(d["verdict"], []).append((r, d["position"], plain(d["text"], 8)))
-            fin = sp["final"]
-            x = r + (0.32 if fin["kind"] == "resampled" else 0.0)
-            expected.setdefault(fin["kind"], []).append((x, fin["position"], plain(fin["text"], 8)))
+            for d in sp.draft:
+                expected.setdefault(d.verdict, []).append((r, d.position, plain(d.text, 8)))
+            fin = sp.final
+            x = r + (0.32 if fin.kind == "resampled" else 0.0)
+            expected.setdefault(fin.kind, []).append((x, fin.position, plain(fin.text, 8)))
         assert {t["name"] for t in fig["data"]} == {kinds[k] for k in expected}
         for kind, cells in expected.items():
             t = trace_named(fig, kinds[kind])
@@ -77,19 +79,19 @@ def test_rounds_timeline_places_every_draft_and_final_token(run):
         assert fig["layout"]["xaxis"]["ticktext"] == [str(step) for step, _ in rounds]
         # tokens a stop/EOS cut from a round are drawn faded
         faded = sum(o < 1 for t in fig["data"] for o in t["marker"]["opacity"])
-        assert faded == sum(sum(d["verdict"] == "accepted" and d["position"] > sp["num_emitted"] for d in sp["draft"])
-                            + (not sp["final"]["kept"]) for _, sp in rounds)
-        drafted = sum(len(sp["draft"]) for _, sp in rounds)
-        accepted = sum(sp["num_accepted"] for _, sp in rounds)
+        assert faded == sum(sum(d.verdict == "accepted" and d.position > sp.num_emitted for d in sp.draft)
+                            + (not sp.final.kept) for _, sp in rounds)
+        drafted = sum(len(sp.draft) for _, sp in rounds)
+        accepted = sum(sp.num_accepted for _, sp in rounds)
         assert f"{accepted}/{drafted}" in fig["layout"]["title"]["text"]
     # the sampling request really rejected and resampled; the extractive one got bonus tokens
-    assert any(sp["final"]["kind"] == "resampled" for _, sp in rounds_of(events, a))
-    assert any(sp["final"]["kind"] == "bonus" for _, sp in rounds_of(events, b))
+    assert any(sp.final.kind == "resampled" for _, sp in rounds_of(events, a))
+    assert any(sp.final.kind == "bonus" for _, sp in rounds_of(events, b))
     # hover of a checked draft shows its own q, p, ratio and u
-    step, sp = next((st, sp) for st, sp in rounds_of(events, a) if sp["draft"])
-    d = sp["draft"][0]
-    hover = trace_named(SC.rounds_timeline(events, a), texts("spec", "en")["kinds"][d["verdict"]])["customdata"][0]
-    assert f"q(x) = {d['q']:.4f}" in hover and f"p(x) = {d['p']:.4f}" in hover and f"u = {d['u']:.3f}" in hover
+    step, sp = next((st, sp) for st, sp in rounds_of(events, a) if sp.draft)
+    d = sp.draft[0]
+    hover = trace_named(SC.rounds_timeline(events, a), texts("spec", "en")["kinds"][d.verdict])["customdata"][0]
+    assert f"q(x) = {d.q:.4f}" in hover and f"p(x) = {d.p:.4f}" in hover and f"u = {d.u:.3f}" in hover
 
 
 def placeholder(fig) -> str:
@@ -97,10 +99,10 @@ def placeholder(fig) -> str:
     return fig["layout"]["annotations"][0]["text"].replace("<br>", " ")
 
 
-def test_rounds_timeline_reads_replayed_dicts_and_speaks_russian(run):
+def test_rounds_timeline_reads_replayed_events_and_speaks_russian(run):
     eng, events, a, _, _ = run
-    as_dicts = [e.to_dict() for e in events]
-    assert SC.rounds_timeline(as_dicts, a)["data"] == SC.rounds_timeline(events, a)["data"]
+    replayed = [StepEvent.from_dict(e.to_dict()) for e in events]
+    assert SC.rounds_timeline(replayed, a)["data"] == SC.rounds_timeline(events, a)["data"]
     ru = valid(SC.rounds_timeline(events, a, lang="ru"))
     assert ru["layout"]["title"]["text"].startswith("Раунды")
     assert axis_title(ru, "xaxis").startswith("раунд")
@@ -112,61 +114,60 @@ def test_rounds_timeline_reads_replayed_dicts_and_speaks_russian(run):
 
 def test_pq_chart_shows_p_q_and_the_residual_of_the_rejected_position(run):
     eng, events, a, _, _ = run
-    step, sp = next((st, sp) for st, sp in rounds_of(events, a) if sp["residual"] is not None)
+    step, sp = next((st, sp) for st, sp in rounds_of(events, a) if sp.residual is not None)
     fig = valid(SC.pq_chart(sp, step=step))
     tx = texts("spec", "en")
-    assert len(sp["dists"]) == sp["num_accepted"] + 1
+    assert len(sp.dists) == sp.num_accepted + 1
     p_bars = [t for t in fig["data"] if t["name"] == tx["p"]]
     q_bars = [t for t in fig["data"] if t["name"] == tx["q"]]
     res_bars = [t for t in fig["data"] if t["name"] == tx["residual"]]
-    assert len(p_bars) == len(q_bars) == len(sp["dists"]) and len(res_bars) == 1
-    r = sp["residual"]
-    j = r["position"] - 1
-    assert p_bars[j]["y"] == r["p"] and q_bars[j]["y"] == r["q"] and res_bars[0]["y"] == r["residual"]
+    assert len(p_bars) == len(q_bars) == len(sp.dists) and len(res_bars) == 1
+    r = sp.residual
+    j = r.position - 1
+    assert p_bars[j]["y"] == r.p and q_bars[j]["y"] == r.q and res_bars[0]["y"] == r.residual
     assert res_bars[0]["xaxis"] == p_bars[j]["xaxis"]
-    for i, d in enumerate(sp["dists"][:j]):  # accepted positions: the recorded p and q of their tracked tokens
-        assert p_bars[i]["y"] == d["p"] and q_bars[i]["y"] == d["q"]
+    for i, d in enumerate(sp.dists[:j]):  # accepted positions: the recorded p and q of their tracked tokens
+        assert p_bars[i]["y"] == d.p and q_bars[i]["y"] == d.q
         outline = p_bars[i]["marker"]["line"]["width"]
-        assert [w > 0 for w in outline] == [t == d["draft"] for t in d["token_ids"]]
+        assert [w > 0 for w in outline] == [t == d.draft for t in d.token_ids]
     # each panel's heading carries the verdict and the ratio/uniform number of its check
     heads = [ann["text"] for ann in fig["layout"]["annotations"]]
-    rejected = sp["draft"][j]
-    assert tx["verdict"]["rejected"] in heads[j] and f"u = {rejected['u']:.3f}" in heads[j]
+    rejected = sp.draft[j]
+    assert tx["verdict"]["rejected"] in heads[j] and f"u = {rejected.u:.3f}" in heads[j]
     assert fig["layout"]["title"]["text"] == tx["pq_title"].format(step=step)
 
 
 def test_pq_chart_bonus_panel_and_empty_states(run):
     eng, events, _, b, _ = run
-    step, sp = next((st, sp) for st, sp in rounds_of(events, b) if sp["final"]["kind"] == "bonus")
+    step, sp = next((st, sp) for st, sp in rounds_of(events, b) if sp.final.kind == "bonus")
     fig = valid(SC.pq_chart(sp, step=step, lang="ru"))
     tx = texts("spec", "ru")
     p_bars = [t for t in fig["data"] if t["name"] == tx["p"]]
     q_bars = [t for t in fig["data"] if t["name"] == tx["q"]]
-    assert len(p_bars) == sp["num_drafted"] + 1 and len(q_bars) == sp["num_drafted"]  # the bonus has no q
+    assert len(p_bars) == sp.num_drafted + 1 and len(q_bars) == sp.num_drafted  # the bonus has no q
     # tokens with no mass in p or q (and not the draft) are left out: they say nothing
     def kept(d):
-        return [i for i, t in enumerate(d["token_ids"])
-                if t == d.get("draft") or d["p"][i] > 0 or (d.get("q") is not None and d["q"][i] > 0)]
+        return [i for i, t in enumerate(d.token_ids)
+                if t == d.draft or d.p[i] > 0 or (d.q is not None and d.q[i] > 0)]
 
-    last = sp["dists"][-1]
-    assert p_bars[-1]["y"] == [last["p"][i] for i in kept(last)]
+    last = sp.dists[-1]
+    assert p_bars[-1]["y"] == [last.p[i] for i in kept(last)]
     own = [a for a in fig["layout"]["annotations"] if not a.get("name", "").startswith("axis-title:")]
     assert tx["bonus_pos"] in own[-1]["text"]
     # q of a prompt-lookup draft is one-hot at the drafted token
-    d = sp["dists"][0]
-    assert q_bars[0]["y"] == [1.0 if d["token_ids"][i] == d["draft"] else 0.0 for i in kept(d)]
+    d = sp.dists[0]
+    assert q_bars[0]["y"] == [1.0 if d.token_ids[i] == d.draft else 0.0 for i in kept(d)]
     assert 1.0 in q_bars[0]["y"]
-    no_drafts = next(sp for _, sp in rounds_of(events, b) if sp["num_drafted"] == 0) \
-        if any(sp["num_drafted"] == 0 for _, sp in rounds_of(events, b)) else {"num_drafted": 0}
+    no_drafts = next((sp for _, sp in rounds_of(events, b) if sp.num_drafted == 0), replace(sp, num_drafted=0))
     assert placeholder(SC.pq_chart(no_drafts)) == texts("spec", "en")["no_pq"]
-    untraced = dict(sp, dists=None)
+    untraced = replace(sp, dists=None)
     assert placeholder(SC.pq_chart(untraced)) == texts("spec", "en")["no_dists"]
 
 
 def test_acceptance_and_tokens_per_pass_match_the_statistics(run):
     eng, events, a, b, _ = run
     for sid in (a, b):
-        stats = rounds_of(events, sid)[-1][1]["stats"]
+        stats = rounds_of(events, sid)[-1][1].stats
         assert stats == eng.result(sid).speculative
         by = stats["by_position"]
         fig = valid(SC.acceptance_chart(stats))
@@ -174,7 +175,7 @@ def test_acceptance_and_tokens_per_pass_match_the_statistics(run):
         assert bars["y"] == [acc / r if r else None for acc, r in zip(by["accepted"], by["reached"])]
         assert bars["text"] == [f"{acc}/{r}" for acc, r in zip(by["accepted"], by["reached"])]
         assert fig["data"][1]["y"] == [stats["alpha"]] * 2
-        assert SC.acceptance_chart(rounds_of(events, sid)[-1][1])["data"] == fig["data"]  # spec dict works too
+        assert SC.acceptance_chart(rounds_of(events, sid)[-1][1])["data"] == fig["data"]  # a round works too
 
         fig = valid(SC.tokens_per_pass_chart(stats))
         curve, expected, measured = fig["data"]

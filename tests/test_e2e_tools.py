@@ -200,8 +200,8 @@ def test_speculative_panel_shows_accepted_and_rejected_drafts(lab):
         click_and_wait(page, "#step")
         for ev in session.events:
             for se in ev.seqs:
-                for d in (se.spec or {}).get("draft", []):
-                    verdicts[(ev.step, d["position"])] = d["verdict"]
+                for d in (se.spec.draft if se.spec is not None else []):
+                    verdicts[(ev.step, d.position)] = d.verdict
         if {"accepted", "rejected"} <= set(verdicts.values()):
             break
     assert {"accepted", "rejected"} <= set(verdicts.values()), verdicts  # greedy α ≈ 0.3 at layer 29: both occur

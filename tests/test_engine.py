@@ -134,7 +134,7 @@ def test_step_event_contents_and_json(engine):
     assert p.phase == "prefill" and p.num_processed == len(seq.prompt_ids) and prefill.admitted == [rid]
     assert d.phase == "decode" and d.num_processed == 1 and d.chunk_start == len(seq.prompt_ids)
     assert [p.new_token, d.new_token] == seq.output_ids[:2]
-    assert p.sampling["chosen"] == p.new_token and d.sampling["chosen"] == d.new_token
+    assert p.sampling.chosen == p.new_token and d.sampling.chosen == d.new_token
     spec = engine.spec
     att = d.capture.attention
     assert set(att) == set(range(spec.num_layers))
@@ -149,8 +149,8 @@ def test_step_event_contents_and_json(engine):
     assert int(d.capture.lens_ids[-1, 0, 0]) == int(logits.argmax())
     assert d.capture.residual_norms.shape == (spec.num_layers + 1, 1)
     assert p.capture.embeddings.shape == (len(seq.prompt_ids), spec.hidden_size)
-    assert prefill.kv["used"] == len(p.block_table) == -(-len(seq.prompt_ids) // engine.block_size)
-    assert prefill.cost["tokens"] == len(seq.prompt_ids) and prefill.cost["flops"] > 0
+    assert prefill.kv.used == len(p.block_table) == -(-len(seq.prompt_ids) // engine.block_size)
+    assert prefill.cost.tokens == len(seq.prompt_ids) and prefill.cost.flops > 0
     assert d.ttft_s is None and p.ttft_s > 0 and d.itl_s > 0
 
 
@@ -159,9 +159,9 @@ def test_what_if_recomputes_from_cached_logits(engine):
     ev = engine.step()
     base = ev.seq(rid).sampling
     same = engine.what_if(rid, SamplingParams(max_tokens=2, temperature=1.0, seed=3))
-    assert same["chosen"] == base["chosen"] and same["u"] == base["u"]
+    assert same.chosen == base.chosen and same.u == base.u
     cold = engine.what_if(rid, SamplingParams(max_tokens=2, temperature=0.0))
-    assert cold["chosen"] == int(engine.sequences[rid].last_sampling[0].argmax())
+    assert cold.chosen == int(engine.sequences[rid].last_sampling[0].argmax())
 
 
 def test_force_rewind_branch(engine):
@@ -241,7 +241,7 @@ def test_tensor_work_runs_on_one_thread_whoever_calls(engine):
             futures += [pool.submit(engine.step) for _ in range(2)]
             for f in futures:
                 f.result(timeout=120)
-        assert engine.what_if(rid, SamplingParams(temperature=1.3))["token_ids"]
+        assert engine.what_if(rid, SamplingParams(temperature=1.3)).token_ids
     finally:
         engine.model.forward = forward
     assert len(seen) >= 5 and set(seen) == {compute.run(threading.get_ident)}

@@ -459,7 +459,7 @@ def test_tiny_temperature_is_greedy_in_the_engine(base_engine, reference_ids):
     assert eng.generate(REF_PROMPT, p, chat=False).token_ids == reference_ids  # IndexError mid-step before
     sid = eng.add_request(REF_PROMPT, SamplingParams(max_tokens=1, temperature=0.8, seed=1), chat=False)
     run_all(eng)
-    assert eng.what_if(sid, p)["chosen"] == reference_ids[0]
+    assert eng.what_if(sid, p).chosen == reference_ids[0]
     spec = eng.generate(REF_PROMPT, p, chat=False, speculative=SpeculativeConfig("ngram", 3))  # verify's chain
     assert spec.token_ids == reference_ids
 

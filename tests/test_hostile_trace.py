@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 from app import render
 from app import trace as T
 from app.session import LabSession
-from app.trace import TraceError, dumps_trace, export_trace, load_trace
+from app.trace import TraceError, export_trace, load_trace
 from engine import Capture, SamplingParams
 from engine.events import CaptureData, SeqEvent, StepEvent
 from engine.model import ATTENTION_BUDGET
+from engine.records import dumps
 
 FUZZ = settings(max_examples=40, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -36,7 +37,7 @@ def good(base_engine):
     for _ in range(5):
         lab.step()
     doc = export_trace(lab)
-    return doc, dumps_trace(doc)
+    return doc, dumps(doc)
 
 
 def fresh(good):
@@ -133,7 +134,7 @@ class TestMutations:
         if path[-1] in ("version", "num_layers"):
             assume(not (type(value) is int and 1 <= value <= (T.VERSION if path[-1] == "version" else 4096)))
         put(doc, path, value)
-        refused(dumps_trace(doc))
+        refused(dumps(doc))
 
     @settings(FUZZ, max_examples=30)
     @given(data=st.data())
@@ -152,7 +153,7 @@ class TestMutations:
                 "capture": doc["frames"][frame]["event"]["seqs"][0]["capture"],
                 "view": doc["frames"][frame]["view"]}[where]
         del node[key]
-        refused(dumps_trace(doc))
+        refused(dumps(doc))
 
     @settings(FUZZ, max_examples=50)
     @given(data=st.data())
@@ -201,7 +202,7 @@ class TestMutations:
             assume(shape and np.prod(shape) > 0)
         else:
             a["data"] = [1, 2, 3]
-        refused(dumps_trace(doc))
+        refused(dumps(doc))
 
     @settings(FUZZ, max_examples=30)
     @given(data=st.data())
@@ -223,7 +224,7 @@ class TestMutations:
         assume(path)
         put(doc, path, data.draw(json_values))
         try:
-            replay = load_trace(dumps_trace(doc))
+            replay = load_trace(dumps(doc))
         except TraceError as exc:
             assert str(exc) and "\n" not in str(exc)
             return
@@ -250,10 +251,10 @@ def test_wrong_versions(good):
     for version in (T.VERSION + 1, 0, -1, "1", 1.0, True, None, [1]):
         doc = fresh(good)
         doc["version"] = version
-        assert "version" in refused(dumps_trace(doc))
+        assert "version" in refused(dumps(doc))
     doc = fresh(good)
     doc["frames"][0]["event"]["version"] = 99
-    assert "newer" in refused(dumps_trace(doc))
+    assert "newer" in refused(dumps(doc))
 
 
 def test_a_version_1_trace_still_loads(good):
@@ -266,7 +267,7 @@ def test_a_version_1_trace_still_loads(good):
             for key in ("attention_positions", "attention_budget", "dropped"):
                 s["capture"].pop(key)
     assert isinstance(old["frames"][0]["event"]["blocks"][0], dict)
-    new, then = load_trace(good[1]), load_trace(dumps_trace(old))
+    new, then = load_trace(good[1]), load_trace(dumps(old))
     for r in (new, then):
         r.seek(r.num_frames)
     assert [e.to_dict()["blocks"] for e in new.events] == [e.to_dict()["blocks"] for e in then.events]
@@ -309,7 +310,7 @@ def test_deep_nesting_is_refused(good):
     for depth in (40, 900, 100_000):  # past MAX_TRACE_DEPTH; under json.loads' own limit; past it
         doc = fresh(good)
         doc["frames"][0]["event"]["kv"]["deep"] = "DEEP"
-        text = dumps_trace(doc).replace('"DEEP"', "[" * depth + "]" * depth)
+        text = dumps(doc).replace('"DEEP"', "[" * depth + "]" * depth)
         assert "nested" in refused(text)
     still_loads(good)
 
@@ -366,7 +367,7 @@ def test_the_export_keeps_the_newest_attention_within_its_bound(good, base_engin
     stripped = T._without_attention(lab.events[0])
     assert stripped.seqs[0].capture.attention == {} and stripped.seqs[0].capture.dropped == ["attention"]
     assert lab.events[0].seqs[0].capture.attention  # the live event keeps its attention
-    again = load_trace(dumps_trace({**doc, "frames": [
+    again = load_trace(dumps({**doc, "frames": [
         {"event": T._encode(ev if i in small else T._without_attention(ev), "p16"), "view": f["view"]}
         for i, (ev, f) in enumerate(zip(lab.events, doc["frames"]))]}))
     again.seek(again.num_frames)
@@ -382,7 +383,7 @@ def test_the_export_leaves_out_the_oldest_frames_past_the_limits(good, monkeypat
     fitted = T._fit(doc)
     assert fitted["frames"] == doc["frames"][-2:] and fitted["frames_dropped"] == len(doc["frames"]) - 2
     assert T._fit(fitted)["frames"] == fitted["frames"]  # what fits stays
-    replay = load_trace(dumps_trace(fitted))  # under the same limits
+    replay = load_trace(dumps(fitted))  # under the same limits
     assert replay.num_frames == 2 and replay.info()["frames_dropped"] == len(doc["frames"]) - 2
     replay.seek(2)
     assert set(render.build_payload(replay, "en", 3, 2, "", None, MACHINE)["figs"]) == set(render.CHART_IDS)

@@ -98,7 +98,7 @@ def test_viewer_receives_every_step_event_and_frames_match_the_session(server):
     bars = [y for tr in frame["payload"]["figs"]["chart-timeline"]["data"] if tr.get("name") == "steps"
             for y in tr["y"]]
     assert len(bars) == len(s.events)
-    assert sorted(round(b, 3) for b in bars) == sorted(round(e.timing["step_ms"], 3) for e in s.events)
+    assert sorted(round(b, 3) for b in bars) == sorted(round(e.timing.step_ms, 3) for e in s.events)
     assert "html-stream" in frame["payload"]["html"]
 
 

@@ -140,15 +140,15 @@ def test_greedy_is_identical_to_plain(base_engine, plain_outputs, tiny_draft_dir
     results, events = run_all(eng, PROMPTS, greedy(N_TOKENS), cfg)
     assert [r.token_ids for r in results] == plain_outputs
     rounds = [s.spec for e in events for s in e.seqs if s.spec is not None]
-    assert sum(r["num_drafted"] for r in rounds) > 0
+    assert sum(r.num_drafted for r in rounds) > 0
     total = {k: sum(r.speculative[k] for r in results)
              for k in ("proposed", "accepted", "reached", "target_passes", "rounds")}
-    assert total["accepted"] <= total["reached"] <= total["proposed"] == sum(r["num_drafted"] for r in rounds)
+    assert total["accepted"] <= total["reached"] <= total["proposed"] == sum(r.num_drafted for r in rounds)
     assert total["rounds"] == len(rounds)
     # a round emits its kept drafts and one more token unless EOS cut it; each prefill pass emits one token
-    assert all(r["num_emitted"] == r["num_accepted"] + 1 for r in rounds if not r["truncated"])
+    assert all(r.num_emitted == r.num_accepted + 1 for r in rounds if not r.truncated)
     tokens = sum(len(r.token_ids) for r in results)
-    assert tokens == sum(r["num_emitted"] for r in rounds) + total["target_passes"] - total["rounds"]
+    assert tokens == sum(r.num_emitted for r in rounds) + total["target_passes"] - total["rounds"]
     if name == "draft_bundled":  # the target drafting for itself agrees with itself
         assert total["accepted"] == total["proposed"]
     if name in ("early_exit", "draft_tiny"):
@@ -167,7 +167,7 @@ def test_stop_string_and_eos_inside_a_round(engine):
     assert spec.finish_reason == plain.finish_reason == "eos"
     # the prompt's own "<|im_end|>\n<|im_start|>assistant" was drafted after the copied text: EOS was accepted
     # as a draft and the round was cut right after it
-    assert last["truncated"] and last["emitted_ids"][-1] in engine.eos_ids and last["num_accepted"] >= 1
+    assert last.truncated and last.emitted_ids[-1] in engine.eos_ids and last.num_accepted >= 1
     word = " lazy"
     assert word in plain.text
     p_stop = engine.generate(EXTRACTIVE, greedy(60, stop=(word,)))
@@ -177,7 +177,7 @@ def test_stop_string_and_eos_inside_a_round(engine):
     assert s_stop.finish_reason == "stop" and s_stop.text == p_stop.text == plain.text[: plain.text.index(word)]
     assert s_stop.token_ids == p_stop.token_ids
     last = events[-1].seq(rid).spec
-    assert last["truncated"] and last["num_emitted"] < last["num_accepted"] + 1  # the stop cut the round short
+    assert last.truncated and last.num_emitted < last.num_accepted + 1  # the stop cut the round short
     assert engine.blocks.stats()["used"] == 0
 
 
@@ -347,9 +347,9 @@ def test_rollback_leaves_the_pool_as_a_plain_run_at_the_same_length(base_engine,
     for length, (table, states, round_) in spec.items():
         assert table == plain[length][0], length
         assert states == plain[length][1], length  # refcounts, hashes, cached/free: the whole pool
-        released += len(round_["rollback"]["blocks"]) if round_ else 0
-        if round_ and round_["num_drafted"]:
-            assert round_["rollback"]["slots"] == round_["num_drafted"] + 1 - round_["num_emitted"]
+        released += len(round_.rollback.blocks) if round_ else 0
+        if round_ and round_.num_drafted:
+            assert round_.rollback.slots == round_.num_drafted + 1 - round_.num_emitted
     assert released > 0  # some rounds really did give blocks back
 
 
@@ -368,7 +368,7 @@ def test_random_speculative_runs_never_leak(base_engine, method, k, prompt, max_
         check_pool(eng)
         s = ev.seq(a)
         if s is not None and s.spec is not None:
-            assert s.spec["emitted_ids"] == eng.sequences[a].output_ids[-s.spec["num_emitted"]:]
+            assert s.spec.emitted_ids == eng.sequences[a].output_ids[-s.spec.num_emitted:]
     assert eng.blocks.stats()["used"] == 0
     res = eng.result(a)
     assert len(res.token_ids) <= max_tokens and eng.result(b).finish_reason is not None
@@ -391,35 +391,35 @@ def test_round_events_carry_the_verification(engine):
         s = ev.seq(rid)
         sp = s.spec
         json.dumps(s.to_dict(), allow_nan=False)
-        assert s.phase == "decode" and s.num_processed == 1 + sp["num_drafted"]
-        assert s.new_token == sp["emitted_ids"][-1] and sp["num_emitted"] == len(sp["emitted_ids"])
+        assert s.phase == "decode" and s.num_processed == 1 + sp.num_drafted
+        assert s.new_token == sp.emitted_ids[-1] and sp.num_emitted == len(sp.emitted_ids)
         assert s.capture is not None and len(s.capture.positions) == s.num_processed
-        for d in sp["draft"]:
-            if d["verdict"] != "unchecked":
-                assert (d["verdict"] == "accepted") == (d["p"] > 0 and d["u"] * d["q"] <= d["p"])
-        kept = [d["token"] for d in sp["draft"][: sp["num_accepted"]]]
-        assert sp["emitted_ids"] == kept + [sp["final"]["token"]]
-        assert len(sp["dists"]) == sp["num_accepted"] + 1
+        for d in sp.draft:
+            if d.verdict != "unchecked":
+                assert (d.verdict == "accepted") == (d.p > 0 and d.u * d.q <= d.p)
+        kept = [d.token for d in sp.draft[: sp.num_accepted]]
+        assert sp.emitted_ids == kept + [sp.final.token]
+        assert len(sp.dists) == sp.num_accepted + 1
         # p(x) at every tested draft, recomputed independently: the target run on the context with the earlier
         # drafts, penalised as if they had been accepted
-        start = s.num_tokens - sp["num_emitted"]  # length before the round (pending token included)
+        start = s.num_tokens - sp.num_emitted  # length before the round (pending token included)
         ctx = seq.token_ids[:start]
-        for d in sp["draft"]:
-            if d["verdict"] == "unchecked":
+        for d in sp.draft:
+            if d.verdict == "unchecked":
                 continue
-            prev = [x["token"] for x in sp["draft"][: d["position"] - 1]]
+            prev = [x.token for x in sp.draft[: d.position - 1]]
             logits = _logits(engine.model, [ctx + prev])[0]
             p = sampling_probs(logits, params, seq.prompt_ids, ctx[len(seq.prompt_ids):] + prev)
             q = sampling_probs(_logits(engine.model, [ctx + prev], 24)[0], params, seq.prompt_ids,
                                ctx[len(seq.prompt_ids):] + prev)
-            assert d["p"] == pytest.approx(float(p[d["token"]]), abs=2e-4)
-            assert d["q"] == pytest.approx(float(q[d["token"]]), abs=2e-4)
+            assert d.p == pytest.approx(float(p[d.token]), abs=2e-4)
+            assert d.q == pytest.approx(float(q[d.token]), abs=2e-4)
             checked += 1
-        if sp["residual"] is not None:
-            r = sp["residual"]
-            assert r["drawn"] == sp["final"]["token"] and sp["final"]["kind"] == "resampled" and r["mass"] > 0
-            for p_, q_, res in zip(r["p"], r["q"], r["residual"]):
-                assert res == pytest.approx(max(p_ - q_, 0.0) / r["mass"], abs=1e-5)
+        if sp.residual is not None:
+            r = sp.residual
+            assert r.drawn == sp.final.token and sp.final.kind == "resampled" and r.mass > 0
+            for p_, q_, res in zip(r.p, r.q, r.residual):
+                assert res == pytest.approx(max(p_ - q_, 0.0) / r.mass, abs=1e-5)
     assert checked >= 3
     engine.run_until_done()
 
@@ -428,13 +428,13 @@ def test_adaptive_k_follows_acceptance(engine):
     rid = engine.add_request("Write a haiku about the sea.", greedy(14),
                              speculative=SpeculativeConfig("early_exit", 4, adaptive=True))
     ks = [ev.seq(rid).spec for ev in engine.run_until_done() if ev.seq(rid) and ev.seq(rid).spec]
-    assert all(r["adaptive"] is not None for r in ks)
+    assert all(r.adaptive is not None for r in ks)
     # the exit at a third of the layers almost never agrees with the target: k falls from 4
-    assert ks[-1]["adaptive"]["k_next"] < 4
+    assert ks[-1].adaptive.k_next < 4
     for prev, cur in zip(ks, ks[1:]):
-        assert cur["k"] <= prev["adaptive"]["k_next"]
+        assert cur.k <= prev.adaptive.k_next
     rid = engine.add_request(EXTRACTIVE, greedy(12), speculative=SpeculativeConfig("ngram", 4, adaptive=False))
-    assert all(ev.seq(rid).spec["adaptive"] is None for ev in engine.run_until_done() if ev.seq(rid).spec)
+    assert all(ev.seq(rid).spec.adaptive is None for ev in engine.run_until_done() if ev.seq(rid).spec)
 
 
 def test_compare_with_plain(base_engine):

@@ -117,7 +117,7 @@ def test_walk_the_whole_tour_on_a_live_session(tour, base_engine):
             hits = [sev.num_cached_tokens for ev in s.events[n_events:] for sev in ev.seqs if sev.seq_id == second_sid]
             assert hits and hits[0] >= s.engine.block_size
             if s.engine.sequences[first_sid].status is not Status.FINISHED:
-                assert s.events[-1].kv["shared"] >= 1  # refcount > 1 while both sequences hold the blocks
+                assert s.events[-1].kv.shared >= 1  # refcount > 1 while both sequences hold the blocks
         # the highlighted panel shows live data after the action
         if step.panel == "speculative":
             # Its charts come from a speculative run, which this tour step only talks about (no action of ours

@@ -8,10 +8,11 @@ import torch
 
 from app import render
 from app.session import LabSession
-from app.trace import (ATTENTION_TOLERANCE, FORMAT, VERSION, ReplaySession, TraceError, dumps_trace, export_trace,
-                       load_trace, save_trace, trace_bytes)
+from app.trace import (ATTENTION_TOLERANCE, FORMAT, VERSION, ReplaySession, TraceError, export_trace, load_trace,
+                       save_trace, trace_bytes)
 from engine import SamplingParams
 from engine.events import StepEvent, event_from_dict
+from engine.records import dumps
 
 MACHINE = {"bandwidth": 20e9, "peak_flops": 100e9}
 # the charts built from attention probabilities; a compact trace stores those in 16 bits (app/trace.py)
@@ -110,7 +111,7 @@ def test_replay_reproduces_the_live_session(live):
     assert replay.focus == 0 and sorted(replay.requests) == [0, live["second"]]
     assert compare(live["at4"], payload(replay, "en", layer=0, head=0)) == []
     # attention="f32" stores attention exactly: then every chart is exactly equal
-    exact = load_trace(dumps_trace(export_trace(lab, attention="f32")))
+    exact = load_trace(dumps(export_trace(lab, attention="f32")))
     exact.seek(8)
     exact.focus = 0
     at8 = payload(exact)
@@ -129,7 +130,7 @@ def test_replay_reproduces_the_live_session(live):
 def test_trace_document(live, tmp_path):
     lab = live["lab"]
     doc = export_trace(lab, words=("притяжение",))
-    text = dumps_trace(doc)
+    text = dumps(doc)
     # strict JSON: no NaN/Infinity anywhere, readable UTF-8
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
     assert RU in text
@@ -145,7 +146,7 @@ def test_trace_document(live, tmp_path):
     assert doc["neighbours"][str(lab.seq_token_ids(0)[-1])][0][2] <= 1.0
     assert {"гравитация", "gravity", "притяжение"} <= set(doc["bpe"])
     # the compact encoding is what keeps a trace small (every layer and head of attention is in it)
-    assert len(text) < 0.7 * len(dumps_trace(export_trace(lab, attention="f32")))
+    assert len(text) < 0.7 * len(dumps(export_trace(lab, attention="f32")))
     path = save_trace(doc, tmp_path)
     assert path.name.endswith(".json.gz") and load_trace(path).num_frames == len(lab.events)
     assert export_trace(load_trace(path)) == json.loads(text)  # a replay downloads the trace it came from
@@ -155,7 +156,7 @@ def test_trace_document(live, tmp_path):
 
 def test_replay_cursor_is_read_only_and_model_free(live):
     lab = live["lab"]
-    replay = load_trace(dumps_trace(export_trace(lab)))
+    replay = load_trace(dumps(export_trace(lab)))
     assert "engine" not in vars(replay)  # nothing to run: no engine, tokenizer or weights
     replay.reset()
     assert replay.events == [] and replay.focus is None and replay.position == 0

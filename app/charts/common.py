@@ -18,13 +18,6 @@ FREE = "#EEEEEE"
 ACCENT = "#D62728"
 
 
-def field(obj: Any, key: str, default: Any = None) -> Any:
-    """Read a field of an event object or of its to_dict() form (replayed traces are plain dicts)."""
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
 def seq_color(seq_id: int) -> str:
     return SEQ_COLORS[int(seq_id) % len(SEQ_COLORS)]
 

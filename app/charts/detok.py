@@ -1,11 +1,11 @@
 """Detokenizer panel: what each sampled token's bytes turned into, step by step, for one sequence."""
 from __future__ import annotations
 
-from typing import Any
+from engine.events import SeqEvent
+from engine.tokenizer import DetokStep
 
 from .common import empty, figure, layout
 from .common import markup, plain
-from .common import field as _g
 from ..i18n import texts
 
 UIREV = "chart-detok"
@@ -14,21 +14,20 @@ STOP_FILL = "#FDE2E2"
 ROW_FILL = "white"
 
 
-def seq_steps(events, seq_id: int) -> list[tuple[int, Any]]:
+def seq_steps(events, seq_id: int) -> list[tuple[int, SeqEvent]]:
     """(step, SeqEvent) of every step in which `seq_id` sampled a token (has a detokenizer record)."""
     out = []
     for ev in events or []:
-        for s in _g(ev, "seqs", []) or []:
-            if _g(s, "seq_id") == seq_id and _g(s, "detok") is not None:
-                out.append((_g(ev, "step"), s))
+        for s in ev.seqs:
+            if s.seq_id == seq_id and s.detok is not None:
+                out.append((ev.step, s))
     return out
 
 
-def held_display(detok: dict) -> str:
+def held_display(detok: DetokStep) -> str:
     """Held-back text plus incomplete UTF-8 bytes, e.g. ' in' or '⟨d0⟩' (unescaped)."""
-    held = detok.get("held_text") or ""
-    hb = (detok.get("held_bytes") or "").strip()
-    return held + (f"⟨{hb}⟩" if hb else "")
+    hb = detok.held_bytes.strip()
+    return detok.held_text + (f"⟨{hb}⟩" if hb else "")
 
 
 def detok_table(events, seq_id: int, last_n: int = 12, lang: str = "en") -> dict:
@@ -42,16 +41,16 @@ def detok_table(events, seq_id: int, last_n: int = 12, lang: str = "en") -> dict
     cols: list[list] = [[] for _ in range(7)]
     fills = []
     for step, s in rows:
-        d = _g(s, "detok") or {}
-        text = _g(s, "new_token_text") or ""
+        d = s.detok
+        text = s.new_token_text
         held = held_display(d)
-        stop = d.get("stop")
-        partial = d.get("stop_partial") or ""
+        stop = d.stop
+        partial = d.stop_partial
         cols[0].append(step)
-        cols[1].append(d.get("token_id", _g(s, "new_token")))
+        cols[1].append(d.token_id)
         cols[2].append(plain(text))
-        cols[3].append(markup(d.get("token_bytes") or ""))
-        emitted = _g(s, "emitted") or d.get("emitted") or ""  # includes the flush at a length/eos finish
+        cols[3].append(markup(d.token_bytes))
+        emitted = s.emitted or d.emitted  # includes the flush at a length/eos finish
         cols[4].append(plain(emitted) if emitted else "")
         cols[5].append(plain(held) if held else "")
         if stop is not None:

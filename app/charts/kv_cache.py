@@ -1,14 +1,15 @@
 """KV-cache panel: the paged block pool, the per-sequence block tables and where the memory goes.
 
-All three read one StepEvent (or its to_dict() form): event.blocks (id, refcount, state, hashed, owners),
-event.block_tables and event.kv (BlockManager.stats() plus bytes and the naive allocator's numbers).
+All three read one StepEvent: event.blocks (id, refcount, state, hashed, owners), event.block_tables and
+event.kv (engine.kv_cache.KVStats: BlockManager.stats() plus bytes and the naive allocator's numbers).
 """
 from __future__ import annotations
 
 import math
 
+from engine.kv_cache import KVStats
+
 from .common import FREE, GREY, SEQ_COLORS, empty, figure, fmt_bytes, layout, seq_color
-from .common import field as _g
 from ..i18n import texts
 
 COLS = 32  # blocks per grid row: block id = row * COLS + col
@@ -67,10 +68,10 @@ def block_pool_chart(event, lang: str = "en") -> dict:
     payload has no per-cell hover strings.
     """
     tx = _t(lang)
-    blocks = list(_g(event, "blocks", None) or []) if event is not None else []
+    blocks = list(event.blocks) if event is not None else []
     if not blocks:
         return empty(tx["pool"], tx["no_event"], UIREV_POOL)
-    kv = _g(event, "kv", {}) or {}
+    kv = event.kv
     n = len(blocks)
     cols = COLS
     rows = math.ceil(n / cols)
@@ -102,10 +103,7 @@ def block_pool_chart(event, lang: str = "en") -> dict:
         data.append(_legend(f"{tx['seq']} {s}", seq_color(s)))
     data.append(_legend(tx["legend_cached"], GREY))
     data.append(_legend(tx["state"]["free"], FREE_COLOR))
-    title = tx["pool_title"].format(used=kv.get("used", sum(b["state"] == "used" for b in blocks)),
-                                    cached=kv.get("cached", sum(b["state"] == "cached" for b in blocks)),
-                                    free=kv.get("free", sum(b["state"] == "free" for b in blocks)),
-                                    n=n, bs=kv.get("block_size", "?"))
+    title = tx["pool_title"].format(used=kv.used, cached=kv.cached, free=kv.free, n=n, bs=kv.block_size)
     lay = layout(title, UIREV_POOL, showlegend=True, height=max(170, 24 * rows + 130),
                  legend=dict(orientation="h", y=-0.02, yanchor="top", x=0, font=dict(size=11)),
                  margin=dict(l=70, r=10, t=40, b=40),
@@ -125,12 +123,11 @@ def block_tables_chart(event, lang: str = "en") -> dict:
     physical block, so a prefix block shared with another sequence shows in that sequence's colour.
     """
     tx = _t(lang)
-    tables = _g(event, "block_tables", None) if event is not None else None
-    tables = {int(k): [int(b) for b in v] for k, v in (tables or {}).items()}
+    tables = event.block_tables if event is not None else {}
     if not tables:
         return empty(tx["tables"], tx["no_tables"], UIREV_TABLES)
-    by_id = {int(b["id"]): b for b in _g(event, "blocks", []) or []}
-    bs = int((_g(event, "kv", {}) or {}).get("block_size", 16))
+    by_id = {int(b["id"]): b for b in event.blocks}
+    bs = event.kv.block_size
     seqs = sorted(tables)
     width = max(len(t) for t in tables.values())
     z, text, cd, hover = [], [], [], []
@@ -173,25 +170,25 @@ def block_tables_chart(event, lang: str = "en") -> dict:
     return figure([heat], lay)
 
 
-def memory_numbers(kv: dict) -> dict:
+def memory_numbers(kv: KVStats) -> dict:
     """Bytes of each bar segment of kv_memory_chart, from event.kv."""
-    bpt = float(kv.get("bytes_per_token", 0))
-    naive = int(kv.get("naive_reserved_tokens", 0))
-    stored_tokens = naive - int(kv.get("naive_waste_tokens", 0))  # one copy per live sequence
-    used = float(kv.get("used_bytes", 0))
-    paged_waste = int(kv.get("paged_waste_tokens", 0)) * bpt
+    bpt = float(kv.bytes_per_token)
+    naive = kv.naive_reserved_tokens
+    stored_tokens = naive - kv.naive_waste_tokens  # one copy per live sequence
+    used = float(kv.used_bytes)
+    paged_waste = kv.paged_waste_tokens * bpt
     return {
         "used": used,
-        "cached": float(kv.get("cached_bytes", 0)),
-        "free": float(kv.get("free_bytes", 0)),
+        "cached": float(kv.cached_bytes),
+        "free": float(kv.free_bytes),
         "stored_tokens": stored_tokens,
         "stored": stored_tokens * bpt,
         # The used blocks hold each shared prefix once: what they store is their size minus the empty slots.
         "paged_stored": max(0.0, used - paged_waste),
         "paged_waste": paged_waste,
-        "naive_waste": int(kv.get("naive_waste_tokens", 0)) * bpt,
+        "naive_waste": kv.naive_waste_tokens * bpt,
         "naive_reserved": naive * bpt,
-        "pool": float(kv.get("pool_bytes", 0)),
+        "pool": float(kv.pool_bytes),
     }
 
 
@@ -203,11 +200,11 @@ def kv_memory_chart(event, lang: str = "en") -> dict:
     (naive_reserved_tokens in total). Tokens are converted with bytes_per_token. A dashed line marks the pool size.
     """
     tx = _t(lang)
-    kv = _g(event, "kv", None) if event is not None else None
-    if not kv:
+    if event is None:
         return empty(tx["memory"], tx["no_event"], UIREV_MEMORY)
+    kv = event.kv
     m = memory_numbers(kv)
-    bpt = float(kv.get("bytes_per_token", 0)) or 1.0
+    bpt = float(kv.bytes_per_token) or 1.0
     r_pool, r_paged, r_naive = tx["rows"]
 
     def bar(key: str, name: str, ys: list[str], values: list[float]) -> dict:

@@ -5,6 +5,9 @@ import math
 
 import numpy as np
 
+from engine.events import LogitStats
+from engine.sampling import SamplingTrace, StageSnapshot
+
 from .attention import seq_events
 from .common import ACCENT, BAR, DOTS, LABEL_CHARS, LINE, empty, figure, label_px, layout, legend_key, plain, rotated_px, shorten
 from ..i18n import texts
@@ -28,11 +31,11 @@ def id_label(text: str, token_id: int) -> str:
     return plain(text)
 
 
-def _stage(sampling: dict, name: str) -> dict | None:
-    return next((s for s in sampling.get("stages") or [] if s.get("name") == name), None)
+def _stage(sampling: SamplingTrace, name: str) -> StageSnapshot | None:
+    return next((s for s in sampling.stages if s.name == name), None)
 
 
-def logits_chart(seq_event_sampling: dict | None, logit_stats: dict | None, lang: str = "en",
+def logits_chart(seq_event_sampling: SamplingTrace | None, logit_stats: LogitStats | None, lang: str = "en",
                  forced_token: int | None = None) -> dict:
     """Left: raw logits of the tracked top-N tokens; right: their softmax probabilities and the final
     probabilities after the sampling chain. The sampled token's bars are red.
@@ -43,31 +46,31 @@ def logits_chart(seq_event_sampling: dict | None, logit_stats: dict | None, lang
     t = _tr(lang)
     uirev = "next-token-logits"
     sampling = seq_event_sampling
-    if not sampling or not sampling.get("stages") or not sampling.get("token_ids"):
+    if sampling is None or not sampling.stages or not sampling.token_ids:
         return empty(t["title"], t["empty"], uirev)
-    ids = [int(i) for i in sampling["token_ids"]]
-    texts = list(sampling.get("token_texts") or [])
+    ids = list(sampling.token_ids)
+    texts = list(sampling.token_texts)
     texts += [str(i) for i in ids[len(texts):]]
-    raw = _stage(sampling, "logits") or sampling["stages"][0]
-    final = sampling["stages"][-1]
-    chosen = int(sampling.get("chosen", -1))
+    raw = _stage(sampling, "logits") or sampling.stages[0]
+    final = sampling.stages[-1]
+    chosen = sampling.chosen
     widths = [2.5 if i == chosen else 0 for i in ids]
     y = list(range(len(ids)))
     labels = [id_label(s, i) for s, i in zip(texts, ids)]
     custom = [[ids[k], labels[k]] for k in y]  # customdata[0] = token id: the page forces it on click
     hover_head = f"%{{customdata[1]}} · id %{{customdata[0]}}<br>"
     data = [
-        dict(type="bar", orientation="h", name=t["logit"], x=raw["logits"], y=y, xaxis="x", yaxis="y",
+        dict(type="bar", orientation="h", name=t["logit"], x=raw.logits, y=y, xaxis="x", yaxis="y",
              customdata=custom,
              marker=dict(color=[CHOSEN_COLOR if i == chosen else LOGIT_COLOR for i in ids],
                          line=dict(color="#222", width=widths)),
              hovertemplate=hover_head + f"{t['logit']}: %{{x:.3f}}<extra></extra>", showlegend=False),
-        dict(type="bar", orientation="h", name=t["softmax"], x=raw["probs"], y=y, xaxis="x2", yaxis="y",
+        dict(type="bar", orientation="h", name=t["softmax"], x=raw.probs, y=y, xaxis="x2", yaxis="y",
              customdata=custom, marker=dict(color=PROB_COLOR, line=dict(color="#222", width=widths)),
              hovertemplate=hover_head + f"{t['softmax']}: %{{x:.4f}}<extra></extra>"),
     ]
     if final is not raw:
-        data.append(dict(type="bar", orientation="h", name=t["final"], x=final["probs"], y=y, xaxis="x2", yaxis="y",
+        data.append(dict(type="bar", orientation="h", name=t["final"], x=final.probs, y=y, xaxis="x2", yaxis="y",
                          customdata=custom, marker=dict(color=FINAL_COLOR, line=dict(color="#222", width=widths)),
                          hovertemplate=hover_head + f"{t['final']}: %{{x:.4f}}<extra></extra>"))
     shapes = []
@@ -75,22 +78,21 @@ def logits_chart(seq_event_sampling: dict | None, logit_stats: dict | None, lang
         k = ids.index(chosen)
         shapes.append(dict(type="rect", xref="paper", yref="y", x0=0, x1=1, y0=k - 0.5, y1=k + 0.5, layer="below",
                            line=dict(width=0), fillcolor="rgba(214,39,40,0.12)"))
-    finite = [v for v in raw["logits"] if v is not None and math.isfinite(v)]
+    finite = [v for v in raw.logits if v is not None and math.isfinite(v)]
     xaxis = dict(domain=[0.0, 0.44], anchor="y", title=dict(text=t["logit"]), gridcolor="#eee", zeroline=False)
     if finite:
         lo, hi = min(finite), max(finite)
         pad = max(0.5, 0.08 * (hi - lo))
         xaxis["range"] = [lo - pad, hi + pad]
-    pmax = max([p for p in list(raw["probs"]) + list(final["probs"]) if p is not None] + [1e-6])
+    pmax = max(list(raw.probs) + list(final.probs) + [1e-6])
 
     sub = []
-    if logit_stats and logit_stats.get("entropy") is not None:
-        h = float(logit_stats["entropy"])
+    if logit_stats is not None:
+        h = logit_stats.entropy
         sub.append(t["stats"].format(nats=h, bits=h / LN2))
     if chosen >= 0:
         tok = f"«{labels[ids.index(chosen)]}»" if chosen in ids else f"#{chosen}"
-        sub.append(t["chosen"].format(tok=tok, rank=int(sampling.get("chosen_rank", 0)),
-                                      p=float(sampling.get("chosen_prob") or 0.0)))
+        sub.append(t["chosen"].format(tok=tok, rank=sampling.chosen_rank, p=sampling.chosen_prob))
     if forced_token is not None:
         sub.append(f"{t['token']} #{forced_token}{t['forced']}")
     title = t["title"] + (f"<br><span style='font-size:11px;color:#555'>{' · '.join(sub)}</span>" if sub else "")
@@ -121,12 +123,11 @@ def token_logprobs(events, seq_id: int) -> list[dict]:
         for stale in [j for j in points if j > k]:
             del points[stale]
         points.pop(k, None)
-        stats = s.logit_stats or {}
-        if stats.get("token_logprob") is None:
+        stats = s.logit_stats
+        if stats is None:
             continue
-        points[k] = dict(index=k, token=int(s.new_token), text=s.new_token_text,
-                         logprob=float(stats["token_logprob"]),
-                         entropy=None if stats.get("entropy") is None else float(stats["entropy"]))
+        points[k] = dict(index=k, token=int(s.new_token), text=s.new_token_text, logprob=stats.token_logprob,
+                         entropy=stats.entropy)
     return [points[k] for k in sorted(points)]
 
 

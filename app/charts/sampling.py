@@ -6,6 +6,8 @@ uniform number u, the chosen token and the cumulative distribution in draw order
 """
 from __future__ import annotations
 
+from engine.sampling import SamplingTrace, StageSnapshot
+
 from .common import ACCENT, GREY, LABEL_CHARS, empty, figure, label_px, layout, plain, rotated_px
 from ..i18n import texts
 
@@ -25,20 +27,19 @@ def _t(lang: str) -> dict:
     return texts("sampling", lang)
 
 
-def _texts(sampling: dict) -> list[str]:
-    ids = sampling.get("token_ids") or []
-    texts = list(sampling.get("token_texts") or [])
+def _texts(sampling: SamplingTrace) -> list[str]:
+    ids = sampling.token_ids
+    texts = list(sampling.token_texts)
     texts += [""] * (len(ids) - len(texts))
     return [t if t else f"#{i}" for t, i in zip(texts, ids)]
 
 
-def _ordered_stages(sampling: dict) -> list[dict]:
+def _ordered_stages(sampling: SamplingTrace) -> list[StageSnapshot]:
     rank = {name: i for i, name in enumerate(CHAIN_ORDER)}
-    stages = list(sampling.get("stages") or [])
-    return sorted(stages, key=lambda s: rank.get(s.get("name"), len(rank)))
+    return sorted(sampling.stages, key=lambda s: rank.get(s.name, len(rank)))
 
 
-def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str = "en") -> dict:
+def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, lang: str = "en") -> dict:
     """One column of horizontal bars per stage (logits → … → top_p), tokens as rows shared by every column.
 
     Bars are the tracked tokens' renormalised probabilities after the stage; removed tokens are grey at 0 and
@@ -49,20 +50,20 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
     (in-page A/B).
     """
     tx = _t(lang)
-    if not sampling or not sampling.get("stages") or not sampling.get("token_ids"):
+    if sampling is None or not sampling.stages or not sampling.token_ids:
         return empty(tx["chain"], tx["no_trace"], UIREV_CHAIN)
-    ids = [int(i) for i in sampling["token_ids"]]
+    ids = list(sampling.token_ids)
     texts = _texts(sampling)
     labels = [plain(t, LABEL_CHARS) for t in texts]
     full = [plain(t) for t in texts]
     n = len(ids)
-    chosen = sampling.get("chosen")
-    vocab = int(sampling.get("vocab_size") or 0)
+    chosen = sampling.chosen
+    vocab = sampling.vocab_size
     stages = _ordered_stages(sampling)
     ns = len(stages)
 
     # every column on one scale, up to the largest probability of any stage (flat distributions stay legible)
-    reach = max([float(p or 0.0) for st in stages for p in st.get("probs", [])] + [1e-6]) * 1.08
+    reach = max([p for st in stages for p in st.probs] + [1e-6]) * 1.08
     # a round tick well inside the column: at its right end it would meet the next column's "0"
     tick = next(v for v in (1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001, 0.0) if v <= 0.75 * reach)
     col = reach * (1 + COLUMN_GAP)  # a column and the gap after it, in probability units
@@ -70,10 +71,10 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
     data, annotations, tickvals, ticktext = [], [], [], []
     for k, st in enumerate(stages):
         last = k == ns - 1
-        active = bool(st.get("active", True))
-        probs = [float(p or 0.0) for p in st.get("probs", [])]
-        kept = [bool(x) for x in st.get("kept", [])]
-        logits_ = st.get("logits") or [None] * n
+        active = st.active
+        probs = list(st.probs)
+        kept = list(st.kept)
+        logits_ = st.logits
         colors, line_colors, line_widths, bar_text, cd = [], [], [], [], []
         for i in range(n):
             is_chosen = ids[i] == chosen
@@ -90,7 +91,7 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
             lv = logits_[i] if i < len(logits_) else None
             cd.append([ids[i], full[i], "−∞" if lv is None else f"{lv:.3f}",
                        tx["kept"] if kept[i] else tx["removed"], probs[i]])
-        name = st.get("name", f"stage {k}")
+        name = st.name
         label = tx["stage_names"].get(name, name)
         origin = k * col
         data.append(dict(
@@ -105,8 +106,8 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
         ticktext += ["0", f"{tick:.0%}" if tick >= 0.01 else f"{tick:.1%}"]
         x0 = origin / span  # the column's left edge in paper coordinates
         width = reach / span
-        removed = float(st.get("mass_removed") or 0.0)
-        kept_n = int(st.get("num_kept", 0))
+        removed = st.mass_removed
+        kept_n = st.num_kept
         # one short item per line: a column is about 60 px wide in the page's two-column layout
         if not active:
             sub = f"<b>{label}</b><br>{tx['off']}"
@@ -119,8 +120,7 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
                                 hovertext=tx["stage_hover"].format(name=label, kept=kept_n, vocab=vocab, removed=removed)))
 
     tok = plain(texts[ids.index(chosen)] if chosen in ids else f"#{chosen}")
-    title = tx["chain_title"].format(tok=tok, p=float(sampling.get("chosen_prob") or 0.0),
-                                     rank=sampling.get("chosen_rank", "?"))
+    title = tx["chain_title"].format(tok=tok, p=sampling.chosen_prob, rank=sampling.chosen_rank)
     extra = {}
     height = max(300, 18 * n + 140)
     top, bottom = 80 + HEADER_ROW, 45
@@ -146,32 +146,32 @@ def sampling_chain_chart(sampling: dict | None, what_if: bool = False, lang: str
     return figure(data, lay)
 
 
-def sampling_cdf_chart(sampling: dict | None, lang: str = "en") -> dict:
+def sampling_cdf_chart(sampling: SamplingTrace | None, lang: str = "en") -> dict:
     """The final distribution as a CDF staircase over the tracked survivors in draw order, u and the pick.
 
     Trace "interval": each token's slice [cdf − p, cdf) as a floating bar; trace "cdf": the staircase itself
-    (y = sampling["cdf"] cumulative values); trace "u": the horizontal line at u; trace "chosen": the point where
+    (y = sampling.cdf cumulative values); trace "u": the horizontal line at u; trace "chosen": the point where
     u crosses the chosen token's slice. Greedy traces get no u line, only an annotation.
     """
     tx = _t(lang)
-    if not sampling or not sampling.get("cdf"):
+    if sampling is None or not sampling.cdf:
         return empty(tx["cdf"], tx["no_trace"], UIREV_CDF)
-    ids = [int(i) for i in sampling.get("token_ids") or []]
+    ids = list(sampling.token_ids)
     texts = _texts(sampling)
     text_of = dict(zip(ids, texts))
     stages = _ordered_stages(sampling)
-    final_probs = dict(zip(ids, [float(p or 0.0) for p in stages[-1].get("probs", [])])) if stages else {}
+    final_probs = dict(zip(ids, stages[-1].probs)) if stages else {}
 
-    cdf = [(int(t), float(c or 0.0)) for t, c in sampling["cdf"]]
+    cdf = list(sampling.cdf)
     m = len(cdf)
     xs = list(range(m))
     cum = [c for _, c in cdf]
     tids = [t for t, _ in cdf]
     p = [final_probs.get(t, c - (cum[i - 1] if i else 0.0)) for i, (t, c) in enumerate(cdf)]
     base = [max(0.0, c - pi) for c, pi in zip(cum, p)]
-    chosen = sampling.get("chosen")
-    greedy = bool(sampling.get("greedy"))
-    u = float(sampling.get("u") or 0.0)
+    chosen = sampling.chosen
+    greedy = sampling.greedy
+    u = sampling.u
     labels = [plain(text_of.get(t, f"#{t}"), LABEL_CHARS) for t in tids]
     cd = [[t, plain(text_of.get(t, f"#{t}")), pi, b, c] for t, pi, b, c in zip(tids, p, base, cum)]
 
@@ -198,7 +198,7 @@ def sampling_cdf_chart(sampling: dict | None, lang: str = "en") -> dict:
                              marker=dict(symbol="star", size=14, color=ACCENT),
                              hovertemplate=f"{tx['chosen']}: «{tok}»<extra></extra>"))
     else:
-        title = tx["cdf_title"].format(u=u, tok=tok, p=float(sampling.get("chosen_prob") or 0.0))
+        title = tx["cdf_title"].format(u=u, tok=tok, p=sampling.chosen_prob)
         data.append(dict(type="scatter", name="u", mode="lines", x=[-0.5, m - 0.5], y=[u, u],
                          line=dict(color=U_COLOR, dash="dash", width=2),
                          hovertemplate=f"u = {u:.4f}<extra></extra>"))

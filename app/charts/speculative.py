@@ -1,15 +1,16 @@
 """Speculative decoding panel: rounds on a timeline, p vs q of the current round, acceptance by draft position,
 tokens per target pass against the formula, and the measured speed-up over plain decoding.
 
-Inputs are engine facts only: SeqEvent.spec of each round (or its to_dict() form), the cumulative statistics in
-spec["stats"] (the same dict as GenerationResult.speculative) and engine.speculative.compare_with_plain()'s result.
+Inputs are engine facts only: SeqEvent.spec of each round (engine.speculative.SpecRound), the cumulative statistics
+in SpecRound.stats (the same dict as GenerationResult.speculative) and engine.speculative.compare_with_plain()'s
+result.
 """
 from __future__ import annotations
 
 from engine.metrics import expected_tokens_per_pass
+from engine.speculative import SpecRound
 
 from .common import ACCENT, empty, figure, layout
-from .common import field as _g
 from .common import markup, plain
 from ..i18n import texts
 
@@ -50,14 +51,13 @@ def _f(v, digits: int = 3) -> str:
     return "–" if v is None else f"{float(v):.{digits}f}"
 
 
-def spec_rounds(events, seq_id: int | None = None) -> list[tuple[int, dict]]:
+def spec_rounds(events, seq_id: int | None = None) -> list[tuple[int, SpecRound]]:
     """(step, SeqEvent.spec) of every speculative round of `seq_id` (default: the last sequence that had one)."""
     pairs = []
     for e in events or []:
-        for s in _g(e, "seqs", []) or []:
-            sp = _g(s, "spec")
-            if sp is not None:
-                pairs.append((_g(e, "step"), int(_g(s, "seq_id")), sp))
+        for s in e.seqs:
+            if s.spec is not None:
+                pairs.append((e.step, s.seq_id, s.spec))
     if not pairs:
         return []
     if seq_id is None:
@@ -66,12 +66,10 @@ def spec_rounds(events, seq_id: int | None = None) -> list[tuple[int, dict]]:
 
 
 def _stats(spec_or_stats) -> dict | None:
-    """Cumulative statistics from a round's spec dict, or the statistics dict itself."""
-    if not spec_or_stats:
-        return None
-    if "stats" in spec_or_stats:
-        return spec_or_stats["stats"]
-    return spec_or_stats
+    """Cumulative statistics of a round (SpecRound.stats), or the statistics dict itself."""
+    if isinstance(spec_or_stats, SpecRound):
+        return spec_or_stats.stats
+    return spec_or_stats or None
 
 
 # ---- rounds timeline --------------------------------------------------------------------------------------------
@@ -92,34 +90,34 @@ def rounds_timeline(events, seq_id: int | None = None, lang: str = "en") -> dict
     ticks, max_slot = [], 1
     for r, (step, sp) in enumerate(rounds, start=1):
         ticks.append(step)
-        emitted = int(sp.get("num_emitted", 0) or 0)
-        for d in sp.get("draft") or []:
-            kind = d.get("verdict", "unchecked")
+        emitted = sp.num_emitted
+        for d in sp.draft:
+            kind = d.verdict
             c = cells[kind if kind in cells else "unchecked"]
             # an accepted draft past a stop string / EOS inside the round was never emitted
-            dropped = kind == "accepted" and int(d["position"]) > emitted
+            dropped = kind == "accepted" and d.position > emitted
             c["x"].append(r)
-            c["y"].append(int(d["position"]))
-            c["text"].append(plain(d.get("text", ""), 8) if labelled else "")
+            c["y"].append(d.position)
+            c["text"].append(plain(d.text, 8) if labelled else "")
             c["opacity"].append(DROPPED_OPACITY if dropped else 1.0)
             c["hover"].append(
-                f"<b>{plain(d.get('text', ''))}</b> (id {d.get('token')})<br>{tx['step']} {step} · "
-                f"{tx['pos'].format(i=d['position'])}<br>q(x) = {_f(d.get('q'), 4)} · p(x) = {_f(d.get('p'), 4)}"
-                f"<br>p/q = {_f(d.get('ratio'))} · u = {_f(d.get('u'))}<br>{tx['kinds'].get(kind, kind)}"
+                f"<b>{plain(d.text)}</b> (id {d.token})<br>{tx['step']} {step} · "
+                f"{tx['pos'].format(i=d.position)}<br>q(x) = {_f(d.q, 4)} · p(x) = {_f(d.p, 4)}"
+                f"<br>p/q = {_f(d.ratio)} · u = {_f(d.u)}<br>{tx['kinds'].get(kind, kind)}"
                 + (f"<br>{tx['dropped']}" if dropped else ""))
-            max_slot = max(max_slot, int(d["position"]))
-        fin = sp.get("final") or {}
-        kind = fin.get("kind", "sampled")
+            max_slot = max(max_slot, d.position)
+        fin = sp.final
+        kind = fin.kind
         c = cells[kind if kind in cells else "sampled"]
-        pos = int(fin.get("position", 1))
+        pos = fin.position
         collides = kind == "resampled"  # it replaces the rejected draft at the same position
         c["x"].append(r + (0.32 if collides else 0.0))
         c["y"].append(pos)
-        c["text"].append(plain(fin.get("text", ""), 8) if labelled else "")
-        c["opacity"].append(1.0 if fin.get("kept", True) else DROPPED_OPACITY)
-        note = "" if fin.get("kept", True) else f"<br>{tx['dropped']}"
-        c["hover"].append(f"<b>{plain(fin.get('text', ''))}</b> (id {fin.get('token')})<br>{tx['step']} {step}"
-                          f" · {tx['pos'].format(i=pos)}<br>p = {_f(fin.get('prob'), 4)} · u = {_f(fin.get('u'))}"
+        c["text"].append(plain(fin.text, 8) if labelled else "")
+        c["opacity"].append(1.0 if fin.kept else DROPPED_OPACITY)
+        note = "" if fin.kept else f"<br>{tx['dropped']}"
+        c["hover"].append(f"<b>{plain(fin.text)}</b> (id {fin.token})<br>{tx['step']} {step}"
+                          f" · {tx['pos'].format(i=pos)}<br>p = {_f(fin.prob, 4)} · u = {_f(fin.u)}"
                           f"<br>{tx['kinds'].get(kind, kind)}{note}")
         max_slot = max(max_slot, pos)
     data = []
@@ -134,8 +132,8 @@ def rounds_timeline(events, seq_id: int | None = None, lang: str = "en") -> dict
                                      line=dict(color="white", width=1)),
                          customdata=c["hover"], hovertemplate="%{customdata}<extra></extra>"))
     stats = _stats(rounds[-1][1]) or {}
-    drafted = sum(len(sp.get("draft") or []) for _, sp in rounds)
-    accepted = sum(int(sp.get("num_accepted", 0)) for _, sp in rounds)
+    drafted = sum(len(sp.draft) for _, sp in rounds)
+    accepted = sum(sp.num_accepted for _, sp in rounds)
     title = tx["rounds_title"].format(n=len(rounds), acc=accepted, drafted=drafted, tok=stats.get("tokens", "?"))
     lay = layout(title, UIREV_ROUNDS, showlegend=True, height=max(280, 40 * max_slot + 190),
                  margin=dict(l=55, r=20, t=45, b=110),
@@ -149,22 +147,23 @@ def rounds_timeline(events, seq_id: int | None = None, lang: str = "en") -> dict
 
 # ---- p vs q bars of one round ------------------------------------------------------------------------------------
 
-def pq_panels(spec: dict | None) -> list[dict]:
+def pq_panels(spec: SpecRound | None) -> list[dict]:
     """The panels of one round: per checked position the tracked tokens with p, q (and the residual there)."""
-    if not spec:
+    if spec is None:
         return []
-    residual = spec.get("residual")
-    drafts = {int(d["position"]): d for d in spec.get("draft") or []}
+    residual = spec.residual
+    drafts = {d.position: d for d in spec.draft}
     panels = []
-    for d in spec.get("dists") or []:
-        pos = int(d["position"])
-        panel = dict(position=pos, token_ids=list(d["token_ids"]), texts=list(d["texts"]), p=list(d["p"]),
-                     q=None if d.get("q") is None else list(d["q"]), residual=None, draft=d.get("draft"),
-                     verdict=drafts.get(pos, {}).get("verdict"), check=drafts.get(pos))
-        if residual is not None and int(residual["position"]) == pos:
+    for d in spec.dists or []:
+        pos = d.position
+        check = drafts.get(pos)
+        panel = dict(position=pos, token_ids=list(d.token_ids), texts=list(d.texts), p=list(d.p),
+                     q=None if d.q is None else list(d.q), residual=None, draft=d.draft,
+                     verdict=None if check is None else check.verdict, check=check)
+        if residual is not None and residual.position == pos:
             # the residual's own token list: it covers the tokens the residual could draw
-            panel.update(token_ids=list(residual["token_ids"]), texts=list(residual["texts"]), p=list(residual["p"]),
-                         q=list(residual["q"]), residual=list(residual["residual"]))
+            panel.update(token_ids=list(residual.token_ids), texts=list(residual.texts), p=list(residual.p),
+                         q=list(residual.q), residual=list(residual.residual))
         panels.append(panel)
     for pn in panels:  # tokens with no mass anywhere (greedy one-hot rows) say nothing: keep the others
         keep = [i for i, t in enumerate(pn["token_ids"])
@@ -174,20 +173,20 @@ def pq_panels(spec: dict | None) -> list[dict]:
                 if pn[key] is not None:
                     pn[key] = [pn[key][i] for i in keep]
     if not panels and residual is not None:  # untraced step: the residual is still recorded
-        pos = int(residual["position"])
-        d = drafts.get(pos, {})
-        panels.append(dict(position=pos, token_ids=list(residual["token_ids"]), texts=list(residual["texts"]),
-                           p=list(residual["p"]), q=list(residual["q"]), residual=list(residual["residual"]),
-                           draft=d.get("token"), verdict=d.get("verdict"), check=d or None))
+        pos = residual.position
+        d = drafts.get(pos)
+        panels.append(dict(position=pos, token_ids=list(residual.token_ids), texts=list(residual.texts),
+                           p=list(residual.p), q=list(residual.q), residual=list(residual.residual),
+                           draft=None if d is None else d.token, verdict=None if d is None else d.verdict, check=d))
     return panels[:MAX_PQ_PANELS]
 
 
-def pq_chart(spec: dict | None, step: int | None = None, lang: str = "en") -> dict:
+def pq_chart(spec: SpecRound | None, step: int | None = None, lang: str = "en") -> dict:
     """One subplot per checked position of the round: grouped bars of p (target) and q (draft) over the tracked
     tokens, the residual norm(max(p − q, 0)) in red at the rejected position, the draft token outlined.
     The last panel without q is the bonus position (every draft accepted)."""
     tx = _t(lang)
-    if not spec or not spec.get("num_drafted"):
+    if spec is None or not spec.num_drafted:
         return empty(tx["pq"], tx["no_pq"], UIREV_PQ)
     panels = pq_panels(spec)
     if not panels:
@@ -223,10 +222,10 @@ def pq_chart(spec: dict | None, step: int | None = None, lang: str = "en") -> di
         else:
             verdict = tx["verdict"].get(pn.get("verdict") or "unchecked", "")
             color = {"accepted": ACCEPTED, "rejected": REJECTED}.get(pn.get("verdict"), "#555")
-            sub = (f"<b>{tx['pos'].format(i=pn['position'])}: {plain((chk or {}).get('text', ''), 12)}</b> "
+            sub = (f"<b>{tx['pos'].format(i=pn['position'])}: {plain(chk.text if chk else '', 12)}</b> "
                    f"<span style='color:{color}'>{verdict}</span>")
-            if chk and chk.get("u") is not None:
-                sub += f"<br>p/q = {_f(chk.get('ratio'))}, u = {_f(chk.get('u'))}"
+            if chk is not None and chk.u is not None:
+                sub += f"<br>p/q = {_f(chk.ratio)}, u = {_f(chk.u)}"
         annotations.append(dict(text=sub, x=x0 + width / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
                                 yanchor="bottom", showarrow=False, font=dict(size=11)))
     title = tx["pq_title"].format(step=step) if step is not None else tx["pq_title_nostep"]
@@ -239,7 +238,7 @@ def pq_chart(spec: dict | None, step: int | None = None, lang: str = "en") -> di
 
 # ---- acceptance by position --------------------------------------------------------------------------------------
 
-def acceptance_chart(spec_or_stats: dict | None, lang: str = "en") -> dict:
+def acceptance_chart(spec_or_stats: SpecRound | dict | None, lang: str = "en") -> dict:
     """Bars: α_i = accepted_i / checked_i at draft position i (a draft is checked only if all before it were
     accepted); a dashed line at the overall α = accepted / checked."""
     tx = _t(lang)
@@ -267,7 +266,7 @@ def acceptance_chart(spec_or_stats: dict | None, lang: str = "en") -> dict:
 
 # ---- tokens per target pass vs the formula ---------------------------------------------------------------------
 
-def tokens_per_pass_chart(spec_or_stats: dict | None, lang: str = "en", points: int = 51) -> dict:
+def tokens_per_pass_chart(spec_or_stats: SpecRound | dict | None, lang: str = "en", points: int = 51) -> dict:
     """The curve (1 − α^(k+1)) / (1 − α) over α for the configured k, the measured tokens per round at the measured
     α, and the formula's value there (averaged over the rounds' actual k, which max_tokens or a short n-gram
     match can make smaller than the configured one)."""

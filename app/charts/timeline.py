@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 from .common import GREY, empty, figure, fmt_si, layout
-from .common import field as _g
 from ..i18n import t, texts
 
 UIREV_TIMELINE = "chart-timeline"
@@ -24,7 +23,7 @@ def _t(lang: str) -> dict:
 
 def step_kind(event) -> str:
     """"prefill", "decode", "mixed" (both in one batch) or "idle" (nothing scheduled)."""
-    phases = {_g(s, "phase") for s in _g(event, "seqs", []) or []}
+    phases = {s.phase for s in event.seqs}
     if not phases:
         return "idle"
     if phases == {"prefill"}:
@@ -41,16 +40,16 @@ def _legend(name: str, color: str, symbol: str = "square") -> dict:
 
 def _step_hover(event, tx: dict) -> str:
     kind = step_kind(event)
-    lines = [f"<b>{tx['step']} {_g(event, 'step')}</b> · {tx['kinds'][kind]}"]
-    for s in _g(event, "seqs", []) or []:
-        start, n = int(_g(s, "chunk_start", 0)), int(_g(s, "num_processed", 0))
+    lines = [f"<b>{tx['step']} {event.step}</b> · {tx['kinds'][kind]}"]
+    for s in event.seqs:
+        start, n = s.chunk_start, s.num_processed
         pos = f" [{start}–{start + n - 1}]" if n > 1 else f" [{start}]"
-        lines.append(f"{tx['seq']} {_g(s, 'seq_id')}: {_g(s, 'phase')} {n} {tx['tok']}{pos}")
-    tm = _g(event, "timing", {}) or {}
-    lines.append(f"{tx['forward']} {float(tm.get('forward_ms', 0)):.1f} ms · {tx['sample']} "
-                 f"{float(tm.get('sample_ms', 0)):.1f} ms · {tx['schedule']} {float(tm.get('schedule_ms', 0)):.2f} ms")
+        lines.append(f"{tx['seq']} {s.seq_id}: {s.phase} {n} {tx['tok']}{pos}")
+    tm = event.timing
+    lines.append(f"{tx['forward']} {tm.forward_ms:.1f} ms · {tx['sample']} "
+                 f"{tm.sample_ms:.1f} ms · {tx['schedule']} {tm.schedule_ms:.2f} ms")
     for key in ("admitted", "preempted", "finished"):
-        ids = _g(event, key, []) or []
+        ids = getattr(event, key)
         if ids:
             lines.append(f"{tx[key]}: {', '.join(map(str, ids))}")
     return "<br>".join(lines)
@@ -63,8 +62,8 @@ def timeline_chart(events, lang: str = "en") -> dict:
     if not events:
         return empty(tx["timeline"], tx["no_steps"], UIREV_TIMELINE)
     kinds = [step_kind(e) for e in events]
-    xs = [_g(e, "step") for e in events]
-    ys = [float((_g(e, "timing", {}) or {}).get("step_ms", 0.0)) for e in events]
+    xs = [e.step for e in events]
+    ys = [float(e.timing.step_ms) for e in events]
     data = [dict(type="bar", name="steps", x=xs, y=ys, showlegend=False,
                  marker=dict(color=[KIND_COLORS[k] for k in kinds]),
                  customdata=[_step_hover(e, tx) for e in events],
@@ -84,17 +83,17 @@ def latency_rows(events) -> list[dict]:
     """Per sequence in order of first appearance: ttft_ms, mean_itl_ms, tokens, tok_s, finish_reason."""
     rows: dict[int, dict] = {}
     for e in events or []:
-        for s in _g(e, "seqs", []) or []:
-            sid = int(_g(s, "seq_id"))
+        for s in e.seqs:
+            sid = s.seq_id
             r = rows.setdefault(sid, {"seq_id": sid, "ttft_ms": None, "itl": [], "tokens": 0, "finish_reason": None})
-            if _g(s, "new_token") is not None:
+            if s.new_token is not None:
                 r["tokens"] += 1
-            if _g(s, "ttft_s") is not None and r["ttft_ms"] is None:
-                r["ttft_ms"] = float(_g(s, "ttft_s")) * 1e3
-            if _g(s, "itl_s") is not None:
-                r["itl"].append(float(_g(s, "itl_s")) * 1e3)
-            if _g(s, "finished"):
-                r["finish_reason"] = _g(s, "finish_reason")
+            if s.ttft_s is not None and r["ttft_ms"] is None:
+                r["ttft_ms"] = float(s.ttft_s) * 1e3
+            if s.itl_s is not None:
+                r["itl"].append(float(s.itl_s) * 1e3)
+            if s.finished:
+                r["finish_reason"] = s.finish_reason
     out = []
     for r in rows.values():
         itl = r.pop("itl")
@@ -129,14 +128,11 @@ def roofline_points(events) -> list[dict]:
     """Steps that ran a forward: intensity = flops / bytes, achieved = flops / forward seconds."""
     pts = []
     for e in events or []:
-        cost = _g(e, "cost", {}) or {}
-        tm = _g(e, "timing", {}) or {}
-        flops = float(cost.get("flops", 0) or 0)
-        nbytes = float(cost.get("bytes", 0) or 0)
-        fms = float(tm.get("forward_ms", 0) or 0)
-        if flops <= 0 or nbytes <= 0 or fms <= 0 or not int(cost.get("tokens", 0) or 0):
+        cost = e.cost
+        flops, nbytes, fms = float(cost.flops), float(cost.bytes), float(e.timing.forward_ms)
+        if flops <= 0 or nbytes <= 0 or fms <= 0 or not cost.tokens:
             continue
-        pts.append(dict(step=_g(e, "step"), kind=step_kind(e), tokens=int(cost.get("tokens", 0)), forward_ms=fms,
+        pts.append(dict(step=e.step, kind=step_kind(e), tokens=cost.tokens, forward_ms=fms,
                         intensity=flops / nbytes, achieved=flops / (fms / 1e3), flops=flops, bytes=nbytes))
     return pts
 

@@ -6,7 +6,6 @@ il-kv-stats (the <ul> of counters), il-kv-empty (placeholder before the first st
 from __future__ import annotations
 
 import html
-from ..charts.common import field as _g
 from ..charts.common import fmt_bytes, fmt_int
 from ..i18n import t, texts
 
@@ -19,30 +18,26 @@ def _num(v) -> str:
 
 def kv_formula_html(event, lang: str = "en") -> str:
     tx = texts("kv_panel", lang)
-    kv = _g(event, "kv", None) if event is not None else None
-    if not kv:
+    if event is None:
         return f'<div class="il-kv il-kv-empty">{html.escape(tx["empty"])}</div>'
-    f = kv.get("formula") or {}
-    layers, heads = f.get("layers", "?"), f.get("kv_heads", "?")
-    dim, be = f.get("head_dim", "?"), f.get("bytes_per_elem", "?")
-    bpt = int(kv.get("bytes_per_token", 0))
-    bs = int(kv.get("block_size", 0))
-    nb = int(kv.get("num_blocks", 0))
-    block_bytes = kv.get("block_bytes", bpt * bs)
-    pool = kv.get("pool_bytes", block_bytes * nb)
+    kv = event.kv
+    f = kv.formula
+    layers, heads, dim, be = f.layers, f.kv_heads, f.head_dim, f.bytes_per_elem
+    bpt, bs, nb = kv.bytes_per_token, kv.block_size, kv.num_blocks
+    block_bytes, pool = kv.block_bytes, kv.pool_bytes
     byte = t("byte_units", lang)[0]
     line1 = (f"2 × {_num(layers)} {tx['layers']} × {_num(heads)} {tx['kv_heads']} × {_num(dim)} × {_num(be)} {byte} = "
              f'<b class="il-formula-result">{fmt_int(bpt, lang)} {byte}</b> {tx["per_token"]}')
     line2 = (f"{tx['block'].format(bs=bs)} = <b class=\"il-formula-result\">{fmt_bytes(block_bytes, lang)}</b>; "
              f"{tx['pool'].format(n=nb)} = <b class=\"il-formula-result\">{fmt_bytes(pool, lang)}</b>")
-    hit, q = int(kv.get("prefix_hit_tokens", 0)), int(kv.get("prefix_query_tokens", 0))
+    hit, q = kv.prefix_hit_tokens, kv.prefix_query_tokens
     stats = [
-        ("hit_rate", tx["hit_rate"], f"{float(kv.get('hit_rate', 0.0)):.1%}", tx["hit_detail"].format(hit=hit, q=q)),
+        ("hit_rate", tx["hit_rate"], f"{kv.hit_rate:.1%}", tx["hit_detail"].format(hit=hit, q=q)),
         ("prefill_saved", tx["saved"], f"{hit:,}", ""),
-        ("evictions", tx["evictions"], f"{int(kv.get('evictions', 0)):,}", ""),
-        ("preemptions", tx["preemptions"], f"{int(kv.get('preemptions', 0)):,}", ""),
-        ("cow_copies", tx["cow"], f"{int(kv.get('cow_copies', 0)):,}", ""),
-        ("shared", tx["shared"], f"{int(kv.get('shared', 0)):,}", ""),
+        ("evictions", tx["evictions"], f"{kv.evictions:,}", ""),
+        ("preemptions", tx["preemptions"], f"{kv.preemptions:,}", ""),
+        ("cow_copies", tx["cow"], f"{kv.cow_copies:,}", ""),
+        ("shared", tx["shared"], f"{kv.shared:,}", ""),
     ]
     items = "".join(
         f'<li data-stat="{key}">{html.escape(name)}: <b>{html.escape(val)}</b>'

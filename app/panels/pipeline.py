@@ -7,7 +7,6 @@ il-pipeline-summary ("step N · prefill 48 tok / decode 2 seqs · 35 ms").
 from __future__ import annotations
 
 import html
-from ..charts.common import field as _g
 from ..i18n import texts
 
 STAGES = ("template", "tokens", "embeddings", "layers", "logits", "sampling", "detokenizer", "stream")
@@ -21,13 +20,13 @@ def lit_stages(event) -> set[str]:
     """
     if event is None:
         return set()
-    seqs = _g(event, "seqs", []) or []
+    seqs = event.seqs
     lit: set[str] = set()
-    if _g(event, "admitted", []) or any(_g(s, "phase") == "prefill" for s in seqs):
+    if event.admitted or any(s.phase == "prefill" for s in seqs):
         lit |= {"template", "tokens"}
-    if any(int(_g(s, "num_processed", 0) or 0) > 0 for s in seqs):
+    if any(s.num_processed > 0 for s in seqs):
         lit |= {"embeddings", "layers", "logits"}
-    if any(_g(s, "new_token") is not None for s in seqs):
+    if any(s.new_token is not None for s in seqs):
         lit |= {"sampling", "detokenizer", "stream"}
     return lit
 
@@ -36,19 +35,18 @@ def pipeline_summary(event, lang: str = "en") -> str:
     tx = texts("pipeline", lang)
     if event is None:
         return tx["none"]
-    seqs = _g(event, "seqs", []) or []
+    seqs = event.seqs
     parts = []
-    pre = sum(int(_g(s, "num_processed", 0) or 0) for s in seqs if _g(s, "phase") == "prefill")
-    dec = sum(1 for s in seqs if _g(s, "phase") == "decode")
+    pre = sum(s.num_processed for s in seqs if s.phase == "prefill")
+    dec = sum(1 for s in seqs if s.phase == "decode")
     if pre:
         parts.append(tx["prefill"].format(n=pre))
     if dec:
         parts.append(tx["decode1"] if dec == 1 else tx["decode"].format(n=dec))
     work = " / ".join(parts) if parts else tx["idle"]
-    ms = float((_g(event, "timing", {}) or {}).get("step_ms", 0.0))
-    out = f"{tx['step']} {_g(event, 'step')} · {work} · {ms:.0f} ms"
+    out = f"{tx['step']} {event.step} · {work} · {event.timing.step_ms:.0f} ms"
     for key in ("preempted", "finished"):
-        ids = _g(event, key, []) or []
+        ids = getattr(event, key)
         if ids:
             out += " · " + tx[key].format(ids=", ".join(map(str, ids)))
     return out

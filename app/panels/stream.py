@@ -8,46 +8,45 @@ il-stream-empty (placeholder when nothing has been sampled yet).
 from __future__ import annotations
 
 import html
-from ..charts.common import field as _g
 from ..i18n import texts
 
 
 def _seq_events(events, seq_id: int) -> list:
     out = []
     for ev in events or []:
-        for s in _g(ev, "seqs", []) or []:
-            if _g(s, "seq_id") == seq_id:
+        for s in ev.seqs:
+            if s.seq_id == seq_id:
                 out.append(s)
     return out
 
 
 def streamed_text(events, seq_id: int) -> str:
     """Concatenation of SeqEvent.emitted for `seq_id`, in step order (raw, unescaped)."""
-    return "".join(_g(s, "emitted") or "" for s in _seq_events(events, seq_id))
+    return "".join(s.emitted for s in _seq_events(events, seq_id))
 
 
 def stream_html(events, seq_id: int, lang: str = "en") -> str:
     tx = texts("stream", lang)
     seqs = _seq_events(events, seq_id)
-    sampled = [s for s in seqs if _g(s, "detok") is not None or _g(s, "emitted")]
+    sampled = [s for s in seqs if s.detok is not None or s.emitted]
     if not sampled:
         return (f'<div class="il-stream il-stream-empty" data-seq="{int(seq_id)}">'
                 f'{html.escape(tx["empty"].format(seq=seq_id))}</div>')
-    text = "".join(_g(s, "emitted") or "" for s in seqs)
+    text = "".join(s.emitted for s in seqs)
     parts = [f'<span class="il-stream-text">{html.escape(text)}</span>']
     last = sampled[-1]
-    finished = bool(_g(last, "finished"))
-    detok = _g(last, "detok") or {}
-    if not finished and detok:
-        held_text = detok.get("held_text") or ""
-        held_bytes = (detok.get("held_bytes") or "").strip()
+    finished = last.finished
+    detok = last.detok
+    if not finished and detok is not None:
+        held_text = detok.held_text
+        held_bytes = detok.held_bytes.strip()
         if held_text or held_bytes:
             inner = html.escape(held_text)
             if held_bytes:
                 inner += f'<span class="il-held-bytes">⟨{html.escape(held_bytes)}⟩</span>'
             parts.append(f'<span class="il-held" title="{html.escape(tx["held"])}">{inner}</span>')
     if finished:
-        reason = _g(last, "finish_reason") or "stop"
+        reason = last.finish_reason or "stop"
         label = tx["finish"].get(reason, reason)
         parts.append(f'<span class="il-finish il-finish-{html.escape(reason)}" '
                      f'title="{html.escape(tx["finish_title"].format(r=label))}">{html.escape(label)}</span>')
