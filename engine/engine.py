@@ -19,6 +19,7 @@ engine/speculative.py).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -150,6 +151,11 @@ class Engine:
         self.clock = 0.0  # engine time: the sum of step durations (idle time between manual steps excluded)
         self._next_id = 0
         self._lock = threading.RLock()
+        # Public reads (seq_view, has_unfinished, ...) of the last committed state: key -> [value, build, read
+        # since the last change]. A read that finds its key never waits for a running step. The web app builds
+        # each page from several such reads while the room's engine steps back to back; each read waited for
+        # the step in progress, and a frame took several steps to build.
+        self._published: dict = {}
         self.eos_ids = self._eos_ids()
         self._embed_norms = None
         self._nearest_cache: dict[tuple[int, int], tuple] = {}  # (token id, k) -> nearest_tokens' answer
@@ -246,7 +252,7 @@ class Engine:
 
     def _add(self, prepared: tuple) -> int:
         prompt_ids, text, params, speculative, drafter, owner = prepared
-        with self._lock:
+        with self._writing():
             seq = Sequence(self._new_id(), prompt_ids, params, arrival=self.clock, prompt_text=text, owner=owner)
             if speculative is not None:
                 seq.spec = SpecState(speculative, drafter, k=speculative.num_tokens)
@@ -277,9 +283,41 @@ class Engine:
             seq.detok.push(t)
         self.sequences[seq.seq_id] = seq
 
+    @contextlib.contextmanager
+    def _writing(self):
+        """The engine's lock, for a change of state; the published reads are renewed before it is let go."""
+        with self._lock:
+            try:
+                yield
+            finally:
+                self._republish()
+
+    def _read(self, key: tuple, build: Callable):
+        """A public read: the published value when there is one, else built under the lock and published."""
+        entry = self._published.get(key)
+        if entry is None:
+            with self._lock:
+                entry = self._published.get(key) or [build(), build, True]
+                self._published[key] = entry
+        entry[2] = True
+        return entry[0]
+
+    def _republish(self) -> None:
+        """After a change: rebuild the reads asked for since the one before (the pages showing them will ask
+        again, and the room's next step starts at once: built later, they would wait for all of it); drop
+        the others, and any that no longer exists (a released sequence)."""
+        fresh = {}
+        for key, (_, build, used) in self._published.items():
+            if used:
+                try:
+                    fresh[key] = [build(), build, False]
+                except ValueError:
+                    pass
+        self._published = fresh
+
     def abort(self, seq_id: int) -> None:
         self._get(seq_id)  # checked before waiting for the lock
-        with self._lock:
+        with self._writing():
             seq = self._get(seq_id)
             if seq.status is not Status.FINISHED:
                 self._finish(seq, "abort")
@@ -288,14 +326,15 @@ class Engine:
         """Make the next token sampled for this sequence `token_id` (its sampling chain is still shown)."""
         seq = self._get(seq_id)
         token_id = as_int("token_id", token_id, 0, self.spec.vocab_size - 1)
-        if seq.status is Status.FINISHED:
-            raise ValueError(f"sequence {seq_id} has finished; rewind or branch it first")
-        seq.forced_token = token_id
+        with self._writing():  # a running step keeps its own draw; the token is forced from the next one
+            if seq.status is Status.FINISHED:
+                raise ValueError(f"sequence {seq_id} has finished; rewind or branch it first")
+            seq.forced_token = token_id
 
     @compute.routed
     def rewind(self, seq_id: int, num_output_tokens: int) -> None:
         """Drop generated tokens after the first `num_output_tokens`; their KV slots are released."""
-        with self._lock:
+        with self._writing():
             seq = self._get(seq_id)
             num_output_tokens = self._check_position(seq, num_output_tokens)
             seq.output_ids = seq.output_ids[:num_output_tokens]
@@ -318,7 +357,7 @@ class Engine:
     @compute.routed
     def branch(self, seq_id: int, num_output_tokens: int, params: SamplingParams | None = None) -> int:
         """A new sequence that shares the first `num_output_tokens` outputs (and their KV blocks)."""
-        with self._lock:
+        with self._writing():
             parent = self._get(seq_id)
             num_output_tokens = self._check_position(parent, num_output_tokens)
             params = as_instance("params", params, SamplingParams, optional=True) or parent.params
@@ -356,32 +395,35 @@ class Engine:
         """Whether any sequence (of `owner`, when given) still waits or runs."""
         if owner is None:
             return self.scheduler.has_work()
-        with self._lock:
-            return any(s.owner == owner for s in (*self.scheduler.waiting, *self.scheduler.running))
+        return self._read(("unfinished", owner), lambda: any(
+            s.owner == owner for s in (*self.scheduler.waiting, *self.scheduler.running)))
 
     # ---- the public face of sequences --------------------------------------------------------------------
     def seq_view(self, seq_id: int) -> SeqView:
-        with self._lock:
-            seq = self._get(seq_id)
-            return SeqView(
-                seq_id=seq.seq_id, owner=seq.owner, status=seq.status.value, finish_reason=seq.finish_reason,
-                params=seq.params, prompt_ids=tuple(seq.prompt_ids), output_ids=tuple(seq.output_ids),
-                prompt_text=seq.prompt_text, num_computed=seq.num_computed,
-                num_blocks=len(self.blocks.block_tables.get(seq.seq_id, ())), preemptions=seq.preemptions,
-                parent_id=seq.parent_id, speculative=seq.spec is not None, has_sampled=seq.last_sampling is not None,
-                forced_token=seq.forced_token)
+        return self._read(("view", as_int("seq_id", seq_id)), lambda: self._view(seq_id))
+
+    def _view(self, seq_id: int) -> SeqView:
+        seq = self._get(seq_id)
+        return SeqView(
+            seq_id=seq.seq_id, owner=seq.owner, status=seq.status.value, finish_reason=seq.finish_reason,
+            params=seq.params, prompt_ids=tuple(seq.prompt_ids), output_ids=tuple(seq.output_ids),
+            prompt_text=seq.prompt_text, num_computed=seq.num_computed,
+            num_blocks=len(self.blocks.block_tables.get(seq.seq_id, ())), preemptions=seq.preemptions,
+            parent_id=seq.parent_id, speculative=seq.spec is not None, has_sampled=seq.last_sampling is not None,
+            forced_token=seq.forced_token)
 
     def seq_ids(self, owner: str | None = None) -> list[int]:
         """Every sequence the engine keeps (of `owner`, when given), finished ones included, oldest first."""
-        with self._lock:
-            return [sid for sid, s in self.sequences.items() if owner is None or s.owner == owner]
+        return list(self._read(("ids", owner), lambda: tuple(
+            sid for sid, s in self.sequences.items() if owner is None or s.owner == owner)))
 
     def queue_position(self, seq_id: int) -> int | None:
         """How many waiting requests would be admitted before this one (None: it is not waiting)."""
-        with self._lock:
+        def position():
             seq = self._get(seq_id)
             order = self.scheduler.admission_order()
             return order.index(seq) if seq in order else None
+        return self._read(("queue", as_int("seq_id", seq_id)), position)
 
     @compute.routed
     def set_params(self, seq_id: int, params: SamplingParams) -> None:
@@ -390,7 +432,7 @@ class Engine:
         detokenizer replays it), and max_tokens must leave room for at least one more token."""
         params = as_instance("params", params, SamplingParams)
         params.validate()
-        with self._lock:
+        with self._writing():
             seq = self._get(seq_id)
             if seq.status is Status.FINISHED:
                 raise ValueError(f"sequence {seq_id} has finished; its parameters can no longer change")
@@ -411,7 +453,7 @@ class Engine:
         """Abort these sequences if they still run and forget them: their blocks go back to the pool (prefix
         blocks stay cached) and nothing of them is kept. An engine serving a room calls this when a tab closes."""
         ids = [as_int("seq_id", sid) for sid in seq_ids]
-        with self._lock:
+        with self._writing():
             for sid in ids:
                 seq = self.sequences.get(sid)
                 if seq is None:
@@ -489,7 +531,7 @@ class Engine:
     def _locked_step(self, trace: bool, capture: Capture | None, owners: frozenset | None = None) -> StepEvent:
         # tensor work runs on the one compute thread (engine/compute.py), and the engine's lock is taken there
         # too: a caller holding it while waiting for the compute thread could deadlock with a routed rewind
-        with self._lock:
+        with self._writing():
             ck = self._checkpoint()
             try:
                 event = self._step(trace=trace, capture=capture, owners=owners)
@@ -855,13 +897,11 @@ class Engine:
 
     def kv_block_states(self) -> list[dict]:
         """Every block of the pool: id, refcount, state (used/cached/free), hashed, the sequences holding it."""
-        with self._lock:
-            return self.blocks.block_states()
+        return self._read(("blocks",), self.blocks.block_states)  # shared by every reader: do not modify
 
     def seq_owners(self) -> dict[int, str]:
         """seq id -> owner, for every sequence the engine keeps."""
-        with self._lock:
-            return {sid: s.owner for sid, s in self.sequences.items()}
+        return dict(self._read(("owners",), lambda: {sid: s.owner for sid, s in self.sequences.items()}))
 
     def kv_stats(self) -> KVStats:
         stats = self.blocks.stats()

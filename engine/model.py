@@ -13,7 +13,9 @@ streams the weights with both cores where MKL's sgemm runs a batch-1 product on 
 that is the whole game (see `Linear`).
 
 Instrumentation (attention probabilities, logit lens, residual norms, embeddings) is computed only when a
-`Capture` is passed; without it the hot path is untouched.
+`Capture` is passed for some sequence of the batch; without it the layers run as one TorchScript call
+(engine/scripted.py: the same kernels without giving up Python's GIL ~1,500 times a step, which made a step
+slow whenever the web app's threads were busy), with bitwise the same results.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from . import scripted
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,8 @@ class KVStorage:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.block_size = block_size
+        # each layer's slice (a view into the pool), for engine.scripted.layers
+        self.k_layers, self.v_layers = list(self.k.unbind(0)), list(self.v.unbind(0))
 
     def copy_block(self, src: int, dst: int) -> None:
         bs = self.block_size
@@ -239,12 +245,23 @@ class Model:
             ))
         self.q_size, self.kv_size = H * D, KV * D
         self.scale = 1.0 / math.sqrt(D)
+        self._script_args = self._scripted_weights()
         max_pos = spec.max_position if spec.sliding_window is None else min(spec.max_position, spec.sliding_window)
         self.max_model_len = max_pos
         freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), rope_inv_freq(spec))
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = emb.cos().to(device=self.device, dtype=dtype)
         self.sin = emb.sin().to(device=self.device, dtype=dtype)
+
+    def _scripted_weights(self) -> dict:
+        """The layers' tensors as the flat lists engine.scripted.layers takes (built once)."""
+        mats = [layer[name] for layer in self.layers for name in ("qkv", "o", "gate_up", "down")]
+        spec = self.spec
+        return dict(in_norm=[layer["in_norm"] for layer in self.layers],
+                    post_norm=[layer["post_norm"] for layer in self.layers],
+                    weights=[m.weight for m in mats], packed=[m.packed for m in mats], biases=[m.bias for m in mats],
+                    dims=[spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size],
+                    eps=spec.rms_norm_eps, scale=self.scale, packed_max_rows=Linear.PACKED_MAX_ROWS)
 
     # ---- sizes used by metrics -------------------------------------------------------------
     @property
@@ -308,6 +325,8 @@ class Model:
 
         caps: dict[int, SeqCapture] = {}
         want = set(range(len(seqs))) if capture_seqs is None else capture_seqs
+        if not want:
+            capture = None  # no sequence of this batch is instrumented: the uninstrumented (GIL-free) path
         attn_layers = set(range(spec.num_layers)) if capture is None or capture.attention_layers is None \
             else set(capture.attention_layers)
         if capture is not None:
@@ -332,6 +351,9 @@ class Model:
                 c.embeddings = x[offsets[i]:offsets[i + 1]].float().clone()
 
         layers = self.layers if exit_layer is None else self.layers[:exit_layer]
+        if capture is None and scripted.LAYERS is not None:  # nothing to record: the GIL-free stack
+            x = self._scripted_layers(x, cos, sin, new_slots, kv, decode_ctx, seqs, offsets, len(layers))
+            layers = []
         for li, layer in enumerate(layers):
             h = self.rms_norm(x, layer["in_norm"])
             qkv = layer["qkv"](h)
@@ -389,6 +411,17 @@ class Model:
         if capture is not None:
             self._finish_capture(caps, residuals, seqs, offsets, capture, lens_top)
         return logits, caps
+
+    def _scripted_layers(self, x, cos, sin, new_slots, kv: KVStorage, decode_ctx, seqs: list[SeqInput],
+                         offsets: list[int], num_layers: int) -> torch.Tensor:
+        a = self._script_args
+        slots, mask = decode_ctx if decode_ctx is not None else (None, None)
+        return scripted.LAYERS(
+            x, cos, sin, new_slots, kv.k_layers[:num_layers], kv.v_layers[:num_layers],
+            a["in_norm"][:num_layers], a["post_norm"][:num_layers], a["weights"][: 4 * num_layers],
+            a["packed"][: 4 * num_layers], a["biases"][: 4 * num_layers], a["dims"], a["eps"], a["scale"],
+            a["packed_max_rows"], slots, mask, offsets, [s.start_pos for s in seqs],
+            [] if decode_ctx is not None else [s.slots.to(self.device) for s in seqs])
 
     def _lens_top(self, rows: torch.Tensor, k: int, head: bool = False):
         """(ids, probs) of the top-k of softmax(logits) for each row, LENS_BLOCK_ROWS rows at a time; `rows`

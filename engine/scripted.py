@@ -1,0 +1,133 @@
+"""The decoder layers of an uninstrumented forward as one TorchScript function: it runs without the GIL.
+
+Why: a Python-level forward makes ~1,500 torch calls per step (30 layers x ~40 small ops), and each call
+releases Python's GIL and must take it back. In the web app, page-building threads hold the GIL between
+those calls (a JSON encoder, a list comprehension), and every hand-back waits for them: a 20-sequence decode
+step that takes 90 ms alone took 1,400 ms beside one busy Python thread (measured on 2 cores, switch interval
+0.2 ms). The TorchScript interpreter runs the whole layer stack in C++ after releasing the GIL once: the same
+step beside the same thread took the time it takes alone.
+
+The ops are the same eager kernels, in the same order, as `Model.forward`'s Python path (which stays for
+instrumented forwards: attention capture, logit lens, residual norms need Python between the ops), so the
+two paths give bitwise equal logits and K/V (tests/test_engine.py checks it). No fusion: TorchScript does not
+fuse on CPU unless asked to (tests/test_engine_fastpath.py checks that it is not).
+
+TorchScript is deprecated in favour of torch.compile, which on CPU compiles C++ at start-up and still calls
+its kernels from Python. If a torch version cannot script this module, `LAYERS` is None and `Model` runs its
+Python loop: slower beside busy threads, identical results.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import List, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, packed: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+           packed_max_rows: int) -> torch.Tensor:
+    """engine.model.Linear's choice: the oneDNN-packed weight for decode-sized inputs, else MKL's F.linear."""
+    if packed is not None and x.size(0) <= packed_max_rows:
+        no_scalars: List[Optional[Union[float, int, complex]]] = []  # TorchScript's spelling of Scalar?[]
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", no_scalars, "")
+    return F.linear(x, weight, bias)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, [x.size(-1)], weight, eps)
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.size(-1) // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def attend_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
+                  mask: Optional[torch.Tensor], num_kv_heads: int, head_dim: int, scale: float) -> torch.Tensor:
+    """Model._attend_decode without the probabilities: one query per sequence over its padded context."""
+    B, T = slots.size(0), slots.size(1)
+    k = k_pool[slots.view(-1)].view(B, T, num_kv_heads, head_dim)
+    v = v_pool[slots.view(-1)].view(B, T, num_kv_heads, head_dim)
+    qg = q.view(B, num_kv_heads, -1, head_dim)
+    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v.transpose(1, 2)).view(B, -1, head_dim)
+
+
+def attend_seqs(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, offsets: List[int],
+                starts: List[int], slots: List[torch.Tensor]) -> torch.Tensor:
+    """Model._attend_seq without capture, for each sequence of a mixed batch: causal SDPA over its context."""
+    outs: List[torch.Tensor] = []
+    for i in range(len(starts)):
+        qs = q[offsets[i]:offsets[i + 1]]
+        n = qs.size(0)
+        ctx = starts[i] + n
+        s = slots[i][:ctx]
+        k = k_pool[s].transpose(0, 1)
+        v = v_pool[s].transpose(0, 1)
+        qh = qs.transpose(0, 1)
+        mask: Optional[torch.Tensor] = None
+        if n > 1:
+            qpos = torch.arange(starts[i], ctx, device=q.device).unsqueeze(1)
+            mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= qpos
+        out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, enable_gqa=True)
+        outs.append(out.transpose(0, 1))
+    return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+
+def layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, new_slots: torch.Tensor,
+           k_pools: List[torch.Tensor], v_pools: List[torch.Tensor],
+           in_norm: List[torch.Tensor], post_norm: List[torch.Tensor],
+           weights: List[torch.Tensor], packed: List[Optional[torch.Tensor]], biases: List[Optional[torch.Tensor]],
+           dims: List[int], eps: float, scale: float, packed_max_rows: int,
+           decode_slots: Optional[torch.Tensor], decode_mask: Optional[torch.Tensor],
+           offsets: List[int], starts: List[int], seq_slots: List[torch.Tensor]) -> torch.Tensor:
+    """Every layer of Model.forward's hot path; returns the residual stream after the last one.
+
+    weights/packed/biases hold four matrices per layer (qkv, o, gate_up, down), in that order. dims: heads,
+    kv heads, head dim, intermediate size. decode_slots given: every sequence decodes one token (one padded
+    attention call); else attention runs per sequence over offsets/starts/seq_slots.
+    """
+    H, KV, D, inter = dims[0], dims[1], dims[2], dims[3]
+    q_size, kv_size = H * D, KV * D
+    for li in range(len(in_norm)):
+        w = 4 * li
+        h = rms_norm(x, in_norm[li], eps)
+        qkv = linear(h, weights[w], packed[w], biases[w], packed_max_rows)
+        qk = rope(qkv[:, : q_size + kv_size].view(-1, H + KV, D), cos, sin)
+        q, k = qk[:, :H], qk[:, H:]
+        v = qkv[:, q_size + kv_size:].view(-1, KV, D)
+        k_pools[li].index_copy_(0, new_slots, k)
+        v_pools[li].index_copy_(0, new_slots, v)
+        if decode_slots is not None:
+            out = attend_decode(q, k_pools[li], v_pools[li], decode_slots, decode_mask, KV, D, scale)
+        else:
+            out = attend_seqs(q, k_pools[li], v_pools[li], offsets, starts, seq_slots)
+        x = x + linear(out.reshape(-1, H * D), weights[w + 1], packed[w + 1], biases[w + 1], packed_max_rows)
+        h = rms_norm(x, post_norm[li], eps)
+        gu = linear(h, weights[w + 2], packed[w + 2], biases[w + 2], packed_max_rows)
+        x = x + linear(F.silu(gu[:, :inter]) * gu[:, inter:], weights[w + 3], packed[w + 3], biases[w + 3],
+                       packed_max_rows)
+    return x
+
+
+def _script(fn):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)  # see the module docstring
+        try:
+            return torch.jit.script(fn)
+        except Exception:  # noqa: BLE001 - any failure to script leaves the Python path, which is exact
+            logging.getLogger(__name__).warning("TorchScript unavailable; layers run in Python", exc_info=True)
+            return None
+
+
+LAYERS = _script(layers)  # the functions `layers` calls are compiled with it
