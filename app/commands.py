@@ -13,7 +13,7 @@ from engine import SamplingParams
 
 from .charts.common import token_label
 from .i18n import Phrase, Refusal, lang_of, t
-from .session import MAX_STOP_CHARS, cap_text
+from .session import MAX_STOP_CHARS, MAX_VIEW_CHARS, cap_text
 from .trace import ReplaySession
 
 
@@ -286,12 +286,13 @@ def socket_inputs(inputs: dict) -> dict:
 
 
 def view_inputs(inputs: dict) -> dict:
+    """The view controls and the charts in view (a Refusal for a view state longer than lab.js ever writes)."""
     get = inputs.get
     return {"lang": lang_of(get("lang")),
             "layer": number("layer", get("layer") or 0, integer=True),
             "head": number("head", get("head") or 0, integer=True), "word": str(get("word") or ""),
             "npos": number("position", get("npos"), integer=True, optional=True),
-            "visible": str(get("visible") or "")}
+            "visible": cap_text("visible", get("visible") or "", MAX_VIEW_CHARS)}
 
 
 def token_id(value) -> int:

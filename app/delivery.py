@@ -4,7 +4,8 @@ The engine side of a tab is its session (app/session.py: a LabSession, or a Repl
 trace). The page side is here: a `TabView` per tab records what its page was already sent (so a payload
 carries only what changed) and where it stands in the guided tour; `Delivery` builds a payload for a view
 of a session and sends it over the tab's websocket (app/live.py), or hands it back as the hidden Gradio
-component's value when the tab has no socket.
+component's value when the tab has no socket; `RoomPusher` brings the room's steps to tabs that watch the room
+panel without stepping themselves.
 """
 from __future__ import annotations
 
@@ -22,12 +23,18 @@ from engine import StepFailed
 from engine.records import dumps
 
 from . import render
+from .charts.room import owners_shown
 from .i18n import UI, Phrase, Refusal, lang_of, t
 from .protocol import IDS
-from .session import MAX_VIEW_CHARS, MAX_WORD_CHARS, LabFull, cap_text
+from .session import MAX_VIEW_CHARS, MAX_WORD_CHARS, LabFull, LabSession, cap_text
 from .trace import ReplaySession
 
 log = logging.getLogger("inferlab")
+
+ROOM_CHARTS = frozenset(render.PANEL_CHARTS["room"])
+# A tab that watches the room without stepping gets at most one room update this often: a step takes ~50 ms,
+# and a room that ran twenty steps a second would otherwise cost every watcher twenty redraws a second.
+ROOM_PUSH_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -38,11 +45,15 @@ class TabView:
     sent_figs: dict = field(default_factory=dict)  # chart id -> the figure the page last got
     tour_pos: int = -1  # index of the tour step shown (-1: the tour was not started)
     tour_note: Phrase | None = None  # what that step ran, redrawn in the page's language when it changes
+    view: View | None = None  # how the page last asked to be drawn (which charts are in view): RoomPusher reads it
+    room_version: tuple | None = None  # Room.version() when RoomPusher last brought this page up to date
 
     def forget_sent(self) -> None:
-        """A new session (Reset, a loaded trace): its first payload sends everything again."""
+        """A new session (Reset, a loaded trace), or a new socket that may have missed payloads sent to the old
+        one: the next payload sends everything again."""
         self.sent_html.clear()
         self.sent_figs.clear()
+        self.room_version = None
 
     def new_html(self, pieces: dict) -> dict:
         """The HTML pieces that differ from what the page shows (the template, BPE trace and panel texts
@@ -89,6 +100,10 @@ class TabViews:
                 self.views = {k: v for k, v in self.views.items() if k in live}
                 view = self.views[key] = TabView()
             return view
+
+    def peek(self, key: str) -> TabView | None:
+        """The tab's view if a payload was ever built for it; never makes one."""
+        return self.views.get(key)
 
 
 @dataclass(frozen=True)
@@ -162,6 +177,7 @@ class Delivery:
                                  only=None if view.visible is None else set(view.visible))
         p["html"][IDS["focus"]] = focus_html(s, view.lang)
         tab = self.views.of(s.tab_key)
+        tab.view = view
         p["html"] = tab.new_html(p["html"])
         tab.drop_unchanged(p)
         if self.lecture is not None:
@@ -208,6 +224,100 @@ class Delivery:
         if op:
             p["op"] = op
         return dumps(p)
+
+
+@dataclass(frozen=True)
+class RoomSnapshot:
+    """The room as one push round read it, under the names render.room_payload reads off a session."""
+
+    room_records: list
+    room_blocks: list
+    room_me: str = ""
+
+
+class RoomPusher:
+    """The room panel on tabs that watch it without stepping: "everyone press Run now" on the host's screen.
+
+    A tab's own Step and Run payloads carry the room charts it has in view; an idle tab would never see the
+    room move. One thread for all tabs looks at the room every ROOM_PUSH_INTERVAL_S. When the room has
+    changed (Room.version), each tab whose page reported room charts in view (TabView.view), whose socket is
+    open, and which is not stepping or running itself (its own payloads draw the room) is sent those charts and
+    the event log, minus what its page already shows (TabView.drop_unchanged). The figures are drawn once per
+    round and language for every tab that took no part in the room's steps: the charts differ between tabs only
+    where they mark "you" (charts.room.owners_shown), so only tabs that did take part are drawn on their own."""
+
+    def __init__(self, delivery: Delivery, interval_s: float = ROOM_PUSH_INTERVAL_S):
+        self.delivery = delivery
+        self.interval_s = interval_s
+        self.drawn = 0  # room payloads drawn (each shared by the tabs with the same language and "you")
+        self.pushed = 0  # room payloads sent to tabs
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, daemon=True, name="room-pusher").start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.push_round()
+            except Exception:  # noqa: BLE001 - the pusher must outlive anything; the console keeps the cause
+                log.exception("room push failed")
+
+    def watchers(self) -> list[tuple[str, LabSession, TabView]]:
+        """(session key, session, tab view) of every idle tab with room charts in view and an open socket."""
+        d = self.delivery
+        out = []
+        for key, s in list(d.registry.sessions.items()):
+            tab = d.views.peek(key)
+            view = tab.view if tab is not None else None
+            if (view is None or view.visible is None or not isinstance(s, LabSession) or s.running
+                    or not (view.visible | view.near) & ROOM_CHARTS or not d.hub.has_tab(key)):
+                continue  # no view reported (None: an old page), a replay, a Run (its frames draw the room)
+            out.append((key, s, tab))
+        return out
+
+    def push_round(self) -> int:
+        """Bring every watcher up to date with the room; returns how many were sent an update."""
+        watchers = self.watchers()
+        room = watchers[0][1].room if watchers else None
+        version = room.version() if room is not None else None
+        watchers = [w for w in watchers if w[2].room_version != version]
+        if not watchers:
+            return 0
+        records, blocks = room.records(), room.block_owners()
+        shown = owners_shown(records, blocks)
+        drawn: dict[tuple[str, str], dict] = {}  # (language, "you") -> the room payload, drawn once this round
+        sent = 0
+        for key, s, tab in watchers:
+            lang, me = tab.view.lang, s.owner if s.owner in shown else ""
+            wanted = (tab.view.visible | tab.view.near) & ROOM_CHARTS
+            have = drawn.setdefault((lang, me), {"figs": {}, "html": {}})
+            missing = wanted - have["figs"].keys()
+            if missing or not have["html"]:
+                more = render.room_payload(RoomSnapshot(records, blocks, me), lang, missing)
+                have["figs"].update(more["figs"])
+                have["html"] = more["html"]
+                self.drawn += 1
+            # the tab's own payloads are built under its lock: a tab in a Step is skipped (its step's payload
+            # draws the room), and what this push records as sent cannot interleave with what that one does
+            if not s.lock.acquire(blocking=False):
+                continue
+            try:
+                if s.running:  # a Run began since watchers() looked: its frames draw the room
+                    continue
+                p = {"figs": {c: have["figs"][c] for c in wanted}, "html": tab.new_html(dict(have["html"]))}
+                tab.drop_unchanged(p)
+                tab.room_version = version
+                if p["figs"] or p["html"]:
+                    self.delivery.deliver(p, key)
+                    sent += 1
+            finally:
+                s.lock.release()
+        self.pushed += sent
+        return sent
 
 
 def status_line(s, lang: str) -> tuple[str, str]:

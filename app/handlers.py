@@ -165,8 +165,10 @@ class LabHandlers:
     def tab_message(self, key: str, data: str) -> None:
         """A message from a tab's websocket (app/live.py), whose session `key` the server tied to it by ticket:
         {"op": "step", "inputs": {...}} runs exactly the Gradio Step handler on that session, {"op": "focus",
-        "seq": id, "inputs": {...}} the sequence selector's. The payload comes back on the same socket. A
-        socket never creates a session (a Step queued behind the tab's close must not bring it back)."""
+        "seq": id, "inputs": {...}} the sequence selector's, {"op": "view", "inputs": {...}} (the charts in view
+        changed, or the socket came back) the view handler's, which also records the view for the room's pushes
+        (RoomPusher). The payload comes back on the same socket. A socket never creates a session (a Step queued
+        behind the tab's close must not bring it back)."""
         lang, op = "en", "step"
         try:
             msg = protocol.decode(data, protocol.TAB_OPS)
@@ -183,8 +185,12 @@ class LabHandlers:
                 self.hub.send_tab(key, protocol.UNBOUND)  # the page's next Step goes through Gradio
             return
         request = _TabRequest(key)
-        out = self.step(**args, request=request) if op == "step" else self.focus(msg.get("seq"), **args,
-                                                                                 request=request)
+        if op == "step":
+            out = self.step(**args, request=request)
+        elif op == "focus":
+            out = self.focus(msg.get("seq"), **args, request=request)
+        else:
+            out = self.view(**args, request=request)
         if isinstance(out, str):  # an error payload (or no channel to push on): send it on this socket
             self.hub.push_tab(key, json.loads(out))
 

@@ -343,6 +343,7 @@ UI = {
     "name.prompt": {"en": "prompt", "ru": "запрос"},
     "name.system": {"en": "system prompt", "ru": "системный промпт"},
     "name.word": {"en": "word", "ru": "слово для BPE"},
+    "name.visible": {"en": "view state (the charts in view)", "ru": "состояние вида (графики на экране)"},
     "name.stop": {"en": "stop strings", "ru": "стоп-строки"},
     "name.temperature": {"en": "temperature", "ru": "температура"},
     "name.top_k": {"en": "top_k", "ru": "top-k"},

@@ -7,8 +7,9 @@ Two kinds of channels live here, both served on the app's one port (a Space expo
   HTML), so a backlog is merged, never dropped. The ticket is a secret the server made for the tab's session
   and gave to that page over its own Gradio event (SessionRegistry.ticket): a socket is tied to a session by
   the server's word only, never by an id the client names. The page sends Step (and Focus, from the sequence
-  selector) here too: Gradio's own round trip and its busy indicators cost about as much as the engine step
-  itself on a 2-core machine.
+  selector, and View, when the charts in view change) here too: Gradio's own round trip and its busy
+  indicators cost about as much as the engine step itself on a 2-core machine. A tab that watches the room
+  panel without stepping gets the room's steps here as well (app/delivery.py RoomPusher).
 * viewer channels (`/ws/follow`): the presenter's step events (small, in order) and chart frames (large,
   latest wins). A slow viewer only ever holds one pending frame, so it cannot slow the presenter or anyone else.
 
@@ -268,6 +269,7 @@ class Hub:
                 old.wake.set()
             self.tabs[key] = ch
             ch.session_key = key
+            self.on_tab_opened(key)
             if self.tab_has_session(key):  # else the page steps through Gradio until tab_ready says it may
                 ch.send_message(protocol.encode(BOUND))
         elif role == "viewer":
@@ -304,6 +306,9 @@ class Hub:
 
     def on_tab_closed(self, key: str) -> None:
         """Hook (set by the server): a tab's socket closed; its session's idle clock now runs socket-less."""
+
+    def on_tab_opened(self, key: str) -> None:
+        """Hook (set by the server): a tab's socket opened; payloads sent to an old one may never have arrived."""
 
 
 class Lecture:

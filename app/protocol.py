@@ -23,8 +23,11 @@ OK = "ok"  # {"op", ...}: a presenter command was done
 TYPES = (PAYLOAD, FRAME, EVENT, HELLO, BOUND, UNBOUND, RESYNC, ERROR, OK)
 
 # ---- client -> server ("op") ----------------------------------------------------------------------------
-# a tab: {"op": "step", "inputs": {STEP_CONTROLS names...}}, {"op": "focus", "seq": id, "inputs": {view...}}
-TAB_OPS = ("step", "focus")
+# a tab: {"op": "step", "inputs": {STEP_CONTROLS names...}}, {"op": "focus", "seq": id, "inputs": {view...}},
+# {"op": "view", "inputs": {view...}}: the charts in view changed (or the socket came back); the answer is a
+# payload of those charts, and the server keeps the view to send that tab the room's steps (RoomPusher).
+# {view...}: VIEW_CONTROLS, and "visible": '{"ids": [chart ids on screen], "near": [just outside it]}'
+TAB_OPS = ("step", "focus", "view")
 # the presenter's script: {"op": "auth", "token"}, {"op": "start", "prompt", "chat", "system", "params"},
 # {"op": "step", "count"}, {"op": "reset"}
 PRESENTER_OPS = ("auth", "start", "step", "reset")
@@ -34,7 +37,8 @@ IDS = {
     "step": "step", "run": "run", "pause": "pause",
     "force_id": "force_id", "force": "force",  # a click on a logits bar forces that token
     "rewind_n": "rewind_n", "rewind": "rewind",  # a click on a generated token rewinds to it
-    "visible": "visible", "refresh": "refresh",  # the charts in view, and the hidden button that redraws them
+    # the charts in view, which Gradio events read, and their redraw while the socket is down (else the "view" op)
+    "visible": "visible", "refresh": "refresh",
     "focus": "html-focus", "focus_select": "focus-select",  # the sequence selector (an HTML piece)
     "focus_pick": "focus_pick", "focus_go": "focus_go",  # its Gradio fallback while the socket is down
     "tokens": "html-tokens",  # the generated token chips

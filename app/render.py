@@ -238,6 +238,14 @@ def _room(s: LabView, lang: str, figs: _Lazy, htmls: dict, failed: str) -> None:
     htmls["html-room-log"] = figs.draw(lambda: room.event_log_html(records, me, lang, replay), lambda: failed)
 
 
+def room_payload(s, lang: str, only: set[str]) -> dict:
+    """The room panel alone: its charts in `only` and its event log, from `s`'s room_records / room_blocks /
+    room_me (what the room's steps change on a tab that is not stepping itself: app/delivery.py RoomPusher)."""
+    figs, htmls = _Lazy(only, lang=lang), {}
+    _room(s, lang, figs, htmls, message_html(t("draw_failed", lang), "warn"))
+    return {"figs": dict(figs), "html": htmls}
+
+
 def what_if_payload(s: LabView, trace: SamplingTrace, lang: str) -> dict:
     """Only the sampling charts, recomputed for new slider values."""
     return {"figs": {"chart-sampling": sampling.sampling_chain_chart(trace, what_if=True, lang=lang),

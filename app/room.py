@@ -324,6 +324,11 @@ class Room:
         with self._cond:
             return list(self.history)
 
+    def version(self) -> tuple[int, int]:
+        """What the room view draws has changed when this has: steps run, and pool changes outside a step."""
+        with self._cond:
+            return self.steps, self._pool_changes
+
     def block_owners(self) -> list[str]:
         """Each block of the shared pool: "" free, "cached", "shared" (held by several owners), or its owner.
 

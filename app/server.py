@@ -104,6 +104,7 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     from fastapi.staticfiles import StaticFiles
 
     from . import downloads, render
+    from .delivery import RoomPusher
     from .live import Hub, Lecture, PresenterSocket
     from .session import LabSession, SessionRegistry
     from .ui import build_demo
@@ -174,6 +175,10 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     registry.on_drop = tab_closed
 
     demo = build_demo(registry, holder, hub, lecture)  # mounted last: routes declared before the mount win
+    delivery = demo.lab_handlers.delivery
+    hub.on_tab_opened = lambda key: delivery.views.of(key).forget_sent()  # a new socket: the page redraws all
+    pusher = RoomPusher(delivery)  # the room's steps on the tabs that watch the room without stepping
+    pusher.start()
 
     async def tab_message(ch, data):
         # a Step sent by the page itself; one at a time per tab, in the order clicked
@@ -207,4 +212,5 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     app = gr.mount_gradio_app(app, demo, path="/", head=head_html(), theme=gr.themes.Soft(), ssr_mode=False,
                               max_file_size=MAX_UPLOAD_BYTES, footer_links=[])
     app.state.registry, app.state.holder, app.state.hub, app.state.lecture = registry, holder, hub, lecture
+    app.state.pusher = pusher
     return app, holder

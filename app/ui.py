@@ -251,6 +251,7 @@ def _hidden(c) -> None:
     c.payload = gr.Textbox(visible=False, elem_id="payload")
     # set by lab.js: the chart containers in view (only those are built and sent)
     c.visible = gr.Textbox(value="", elem_id=IDS["visible"], elem_classes=HIDDEN, container=False)
+    # the charts in view redrawn while the tab's socket is down (over the socket it is the "view" op)
     c.refresh = gr.Button("refresh", elem_id=IDS["refresh"], elem_classes=HIDDEN)
     # the sequence selector's way in while the tab's socket is down (it normally sends Focus over the socket)
     c.focus_pick = gr.Textbox(value="", elem_id=IDS["focus_pick"], elem_classes=HIDDEN, container=False)

@@ -80,13 +80,15 @@
   // latency); the others are marked stale and fetched when they scroll into view.
   const visible = new Set();
   let syncTimer = null;
+  const staleInView = () => [...visible].some((id) => state.stale[id]);
   function syncVisible() {
     clearTimeout(syncTimer);
     syncTimer = setTimeout(() => {
-      // the server builds only these charts and sends them over this page's websocket (see connect())
+      // what the page's Gradio events (Reset, a what-if, the tour...) tell the server is in view
       setGradioValue(K().ids.visible, JSON.stringify({ ids: [...visible].sort() }));
-      const missing = [...visible].some((id) => state.stale[id]);
-      if (missing) setTimeout(() => click(K().ids.refresh), 60);
+      if (sendView()) return;
+      // the socket is down: a hidden Gradio button asks for the charts in view
+      if (staleInView()) setTimeout(() => click(K().ids.refresh), 60);
     }, 80);
   }
   const observer = "IntersectionObserver" in window ? new IntersectionObserver((entries) => {
@@ -148,9 +150,9 @@
     bindTokenClicks();
     // a payload built while the view was changing may leave a chart in view stale: ask for it (bounded, so a
     // server that cannot build a chart does not cause a request loop)
-    const staleInView = [...visible].some((id) => state.stale[id]);
-    state.refreshes = staleInView ? (state.refreshes || 0) + 1 : 0;
-    if (staleInView && state.refreshes <= 3) syncVisible();
+    const missing = staleInView();
+    state.refreshes = missing ? (state.refreshes || 0) + 1 : 0;
+    if (missing && state.refreshes <= 3) syncVisible();
     if (p.kind === "calc") { state.calcRenders = (state.calcRenders || 0) + 1; return; }
     if (p.op) {  // what a click's own payload cost (bench/ui_latency.py); a follow-up payload resets timings
       state.ops[p.op] = (state.ops[p.op] || 0) + 1;
@@ -180,17 +182,19 @@
     socket = new WebSocket(`${proto}//${location.host}${base}/ws/lab?ticket=${encodeURIComponent(ticket)}`);
     socket.onopen = () => {
       retryMs = 1500;
-      // after a reconnect a payload may have been lost on the old socket: ask for the current state
-      const reconnected = state.socket === "closed";
       state.socket = "open";
-      syncVisible();
-      if (reconnected) setTimeout(() => click(K().ids.refresh), 200);
     };
     socket.onmessage = (m) => {
       const msg = JSON.parse(m.data);
       const types = K().types;
       if (msg.type === types.payload) render(msg.payload);
-      else if (msg.type === types.bound) state.tied = true;  // our session exists: commands may take this socket
+      else if (msg.type === types.bound) {  // our session exists: commands may take this socket
+        state.tied = true;
+        // tell the server what is in view; on a new socket it sends all of it again (a payload may have been
+        // lost with the old one)
+        sentView = null;
+        syncVisible();
+      }
       else if (msg.type === types.unbound) state.tied = false;  // it has gone: the next Step goes through Gradio
       else if (msg.type === types.error) state.socketError = msg.error;  // e.g. an expired ticket: Gradio carries on
     };
@@ -229,6 +233,20 @@
     return inputs;
   }
   function socketReady() { return state.tied && socket && socket.readyState === 1; }
+  // The charts in view, over the socket: the server answers with their payload and keeps the view, so the
+  // room's steps reach this page while it does not step itself (app/delivery.py RoomPusher).
+  let sentView = null;
+  function sendView(always) {
+    if (!socketReady()) return false;
+    const inputs = controlInputs(K().viewControls);
+    if (!inputs) return false;
+    const text = JSON.stringify({ op: K().tabOps.view, inputs });
+    if (text === sentView && !always && !staleInView()) return true;  // nothing new to tell, nothing to draw
+    sentView = text;
+    socket.send(text);
+    state.socketViews = (state.socketViews || 0) + 1;
+    return true;
+  }
   document.addEventListener("click", (e) => {
     const btn = e.target && e.target.closest && e.target.closest("#" + K().ids.step);
     if (!btn || !socketReady()) return;
@@ -275,5 +293,8 @@
     if (window.INFERLAB && document.querySelector("." + K().ids.chart_class)) { observeAll(); clearInterval(boot); }
   }, 200);
 
-  window.inferlab = { render, flush, state, visible, connect };
+  // the charts in view drawn afresh (tests; the page itself asks when a chart in view is stale)
+  function refresh() { if (!sendView(true)) click(K().ids.refresh); }
+
+  window.inferlab = { render, flush, state, visible, connect, refresh };
 })();

@@ -63,8 +63,8 @@ def test_step_draws_every_panel(lab):
     deadline = time.time() + 30
     while len(seq.output_ids) < 4 and time.time() < deadline:  # a render can also come from a view refresh
         time.sleep(0.1)
-    before = renders(page)  # and the page shows that state (the hidden refresh button, as lab.js presses it)
-    page.evaluate("() => document.querySelector('#refresh').click()")
+    before = renders(page)  # and the page shows that state (the charts in view, asked for over the socket)
+    page.evaluate("() => window.inferlab.refresh()")
     page.wait_for_function(f"() => window.inferlab.state.renders > {before}", timeout=30000)
     assert len(seq.output_ids) == 4  # the prefill step samples the first token, then 3 decode steps
     # every Step went over the page's websocket (the page got its ticket and its session on load); the sequence

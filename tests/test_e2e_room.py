@@ -1,7 +1,8 @@
 """Two tabs, one engine (issue 12), in Debian's Chromium against a real server and the real engine: two browser
 contexts (two visitors, two sessions) press Run at once; the room view's batch strip shows steps that carry
 both tabs' sequences, exactly as the server's room recorded them, and each tab's streamed answer is the one the
-engine gives for that prompt alone (greedy sampling)."""
+engine gives for that prompt alone (greedy sampling). A tab that presses nothing but has the room panel in view
+watches another tab's Run happen, and no chart scrolled into view costs a Gradio request."""
 import time
 from pathlib import Path
 
@@ -29,9 +30,9 @@ def room_lab(base_engine):
         yield lab
 
 
-def _prepare(page, prompt):
+def _prepare(page, prompt, max_tokens=MAX_TOKENS):
     page.fill("#prompt textarea", prompt)
-    for sel, value in (("#temperature input[type=number]", "0"), ("#max_tokens input", str(MAX_TOKENS))):
+    for sel, value in (("#temperature input[type=number]", "0"), ("#max_tokens input", str(max_tokens))):
         box = page.locator(sel)
         box.fill(value)
         box.press("Enter")
@@ -56,7 +57,7 @@ def _record_steps(records, window: int) -> dict:
 
 def _refresh(page) -> None:
     before = page.evaluate("() => window.inferlab.state.renders")
-    page.evaluate("() => document.querySelector('#refresh').click()")
+    page.evaluate("() => window.inferlab.refresh()")  # the charts in view, asked for over the page's socket
     page.wait_for_function(f"() => window.inferlab.state.renders > {before}", timeout=30000)
 
 
@@ -138,5 +139,83 @@ def test_two_tabs_run_at_once_in_one_engine(room_lab, base_engine):
     time.sleep(0.5)  # Plotly's responsive relayout after the scroll
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.locator("#panel-room").screenshot(path=str(SCREENSHOTS / "room.png"))
+    for ctx in contexts:
+        ctx.close()
+
+
+def _gradio_requests(page) -> list:
+    """The page's requests to Gradio's API from now on (its queue and run endpoints: an event, a button)."""
+    seen = []
+    page.on("request", lambda r: seen.append(r.url) if "/gradio_api/" in r.url and
+            ("/queue/" in r.url or "/run/" in r.url or "/call/" in r.url) else None)
+    return seen
+
+
+def test_an_idle_tab_watches_another_tabs_run_and_scrolled_charts_need_no_gradio(room_lab):
+    from app.charts.room import WINDOW_STEPS
+
+    url, app, b = room_lab
+    registry, room = app.state.registry, app.state.registry.room
+    earlier = set(registry.sessions)
+    contexts = [b.new_context(viewport={"width": 1600, "height": 1000}) for _ in range(2)]
+    watcher, runner = (open_lab(ctx, url) for ctx in contexts)
+    for page in (watcher, runner):
+        page.wait_for_function("() => window.inferlab.state.tied", timeout=30000)  # its socket carries its ops
+    # the watcher scrolls the room panel into view, and then presses nothing
+    watcher.evaluate("() => document.getElementById('panel-room').scrollIntoView({block: 'start'})")
+    # drawn from the view the page sent (a room with no steps yet draws a note, not a trace)
+    watcher.wait_for_function("""() => { const s = window.inferlab.state, id = 'chart-room-batch';
+                                         return s.drawn[id] && !s.stale[id] && !s.pending[id]; }""", timeout=60000)
+    watcher_requests = _gradio_requests(watcher)
+    seen_before = max(_chart_steps(watcher), default=-1)
+    renders_before = watcher.evaluate("() => window.inferlab.state.renders")
+
+    _prepare(runner, PROMPTS[0], max_tokens=40)  # a Run of a few seconds: several of the room's pushes
+    runner_requests = _gradio_requests(runner)
+    runner.click("#run button, button#run")
+    runner_owner = None
+    for _ in range(600):  # the runner's first steps reach the watcher while the Run goes on
+        runner_owner = next((s.owner for k, s in registry.sessions.items() if k not in earlier and s.requests),
+                            None)
+        shown = _chart_steps(watcher)
+        if runner_owner and any(o == runner_owner for batch in shown.values() for o, _ in batch):
+            break
+        time.sleep(0.1)
+    assert runner_owner and max(shown) > seen_before, shown
+    watcher.evaluate("() => window.inferlab.flush()")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    watcher.locator("#panel-room").screenshot(path=str(SCREENSHOTS / "room-watcher.png"))
+    runner.wait_for_selector("#html-stream .il-finish", state="attached", timeout=180000)
+
+    # once the Run is over the watcher's strip is the room's record, step by step, without a click
+    server = {}
+    for _ in range(100):
+        server = _record_steps(room.records(), WINDOW_STEPS)
+        if _chart_steps(watcher) == server:
+            break
+        time.sleep(0.2)
+    assert _chart_steps(watcher) == server
+    sizes = watcher.evaluate("""() => { const t = document.getElementById('chart-room-size').data
+                                          .find((d) => d.meta === 'batch'); return [t.x, t.y]; }""")
+    assert sizes[0][-1] == max(server) and sizes[1][-1] == len(server[max(server)])
+    assert watcher.evaluate("() => window.inferlab.state.renders") > renders_before + 1  # pushed, several times
+    assert watcher.evaluate("() => window.inferlab.state.ops") == {}  # the watcher asked for nothing
+    assert watcher_requests == []
+
+    # the runner's charts off screen went stale with its steps; scrolled into view, each is asked for over the
+    # page's socket and redrawn with the session's data, and Gradio hears nothing of it
+    assert runner_requests  # Run is a Gradio event: what the counting sees
+    runner_requests.clear()
+    session = next(s for s in registry.sessions.values() if s.owner == runner_owner)
+    assert runner.evaluate("() => window.inferlab.state.stale['chart-timeline']")
+    drawn = runner.evaluate("() => window.inferlab.state.drawn['chart-timeline'] || 0")
+    views = runner.evaluate("() => window.inferlab.state.socketViews || 0")
+    ensure_drawn(runner, "chart-timeline", timeout=60000)
+    assert runner.evaluate("() => window.inferlab.state.drawn['chart-timeline']") > drawn
+    assert runner.evaluate("() => window.inferlab.state.socketViews") > views
+    xs = runner.evaluate("() => document.getElementById('chart-timeline').data.find((d) => d.name === 'steps').x")
+    assert xs == [e.step for e in session.events]
+    runner.wait_for_timeout(500)
+    assert runner_requests == []
     for ctx in contexts:
         ctx.close()

@@ -92,6 +92,17 @@ def owner_name(owner: str, me: str, lang: str) -> str:
     return f"{name} ({t('room_you', lang)})" if me and owner == me else name
 
 
+def owners_shown(records, blocks=()) -> set[str]:
+    """Every owner a room chart or the event log may name: those in a step's batch, admitted, preempted or
+    finished, and those holding blocks. A tab missing from this set sees exactly what `me=""` draws, so tabs
+    that took no part share one drawing (app/delivery.py RoomPusher)."""
+    out = {str(b or "") for b in blocks or []}
+    for rec in records or []:
+        for kind in ("batch", "admitted", "preempted", "finished"):
+            out.update(str(e.get("owner", "")) for e in rec.get(kind) or [])
+    return out
+
+
 def _note(lang: str, replay: bool) -> str:
     return t("room_replay" if replay else "room_no_steps", lang)
 
