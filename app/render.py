@@ -88,12 +88,15 @@ class _Lazy(dict):
     """A figure dict that computes a chart only if that chart is wanted; `guard` (a replay) draws each
     chart and HTML piece on its own, a failure becoming a placeholder."""
 
-    def __init__(self, only, guard: bool = False, lang: str = "en"):
+    def __init__(self, only, guard: bool = False, lang: str = "en", turn=None):
         super().__init__()
         self.only, self.guard, self.lang = only, guard, lang
+        self.turn = turn  # a live session's Room.page_turn: charts are drawn while the engine needs no GIL
 
     def put(self, cid, make):
         if self.only is None or cid in self.only:
+            if self.turn is not None:
+                self.turn()
             self[cid] = self.draw(make, lambda: empty("", t("draw_failed", self.lang), cid))
 
     def draw(self, make, fallback):
@@ -112,7 +115,7 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     head = max(0, min(int(head), s.num_heads - 1))
     events = s.events
     last = events[-1] if events else None
-    figs = _Lazy(only, bool(getattr(s, "untrusted", False)), lang)
+    figs = _Lazy(only, bool(getattr(s, "untrusted", False)), lang, getattr(s, "page_turn", None))
     failed = message_html(t("draw_failed", lang), "warn")
     htmls: dict[str, str] = {"html-pipeline": figs.draw(lambda: pipeline.pipeline_html(last, lang), lambda: "")}
     htmls.update(panel_headers(lang))

@@ -35,6 +35,7 @@ log = logging.getLogger("inferlab")
 HISTORY = 600  # room records kept (a lecture's worth of steps)
 INBOX = 400  # events an owner may have waiting to be read (a Run whose page renders slower than the engine)
 FRAME_MIN_S, FRAME_PER_RUNNER_S, FRAME_MAX_S = 0.2, 0.025, 0.5  # a Run's frame pace (Room.frame_interval)
+PAGE_WAIT_S = 0.1  # the longest a page build waits for its turn (Room.page_turn)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,14 @@ class Room:
         self._stepping: set[str] = set()  # owners in the step running now
         self._pool_changes = 0  # bumped whenever block tables may have changed outside a step (pool_changed)
         self._pool_view: tuple = ((), [])  # (version it was drawn at, block_owners())
+        # Turns on Python's GIL. The engine's Python phases (a step's inputs, sampling each sequence with its
+        # trace, the event) give the GIL up at each of their ~1,000 small tensor calls and had to win it back
+        # from the threads building pages: a twenty-tab step took ~3x its time alone. Its forward needs no GIL
+        # (engine/scripted.py), so pages are built during the forward and between steps, and wait for their
+        # turn (at most PAGE_WAIT_S, at each chart) while the engine runs Python.
+        self._pages_turn = threading.Event()
+        self._pages_turn.set()
+        engine.forward_hook = self._forward_turn
         self.steps = 0
         self.tokens = 0
         self.batch_sizes: Counter = Counter()  # sequences per step -> steps
@@ -262,6 +271,7 @@ class Room:
                     capture |= o.capture() & o.seq_ids
                 self._stepping = {o.label for o in granted}
             self.engine.capture_seq_ids = capture  # only what the granted owners view is instrumented
+            self._pages_turn.clear()
             try:
                 event = self.engine.step(trace=True, owners=[o.label for o in granted])
             except StepFailed as exc:
@@ -271,7 +281,18 @@ class Room:
                 log.exception("room step failed")
                 self._failed(granted, exc)
                 continue
-            self._deliver(granted, event)
+            else:
+                self._deliver(granted, event)
+            finally:
+                self._pages_turn.set()  # until the next step: its pages may be built now
+
+    def _forward_turn(self, inside: bool) -> None:
+        (self._pages_turn.set if inside else self._pages_turn.clear)()
+
+    def page_turn(self) -> None:
+        """Called by a page build before each chart: returns at once unless the engine is in a Python phase of
+        a step, then when that phase ends (bounded: a page never waits long for a stuck engine)."""
+        self._pages_turn.wait(PAGE_WAIT_S)
 
     def _failed(self, granted: list[Owner], exc: Exception) -> None:
         with self._cond:

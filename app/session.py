@@ -396,6 +396,10 @@ class LabSession:
         while self.running and time.monotonic() < until:
             time.sleep(min(0.05, max(0.0, until - time.monotonic())))
 
+    def page_turn(self) -> None:
+        """Wait, briefly, while the room's engine runs Python (Room.page_turn); render.py calls it per chart."""
+        self.room.page_turn()
+
     # ---- the room view (app/charts/room.py) -----------------------------------------------------------
     @property
     def room_records(self) -> list[dict]:

@@ -147,6 +147,11 @@ class Engine:
         self.sequences: dict[int, Sequence] = {}
         self.instrument: Capture | None = None  # set to a Capture to record attention / lens / norms
         self.capture_seq_ids: set[int] | None = None  # None: every scheduled sequence
+        # Called with True just before the part of a step's forward that runs without Python's GIL (the
+        # scripted layers and the head of an uninstrumented forward, engine/scripted.py) and with False just
+        # after it: a host with Python work of its own (the web app building pages) can do it then instead of
+        # contending for the GIL with the step's Python phases.
+        self.forward_hook: Callable[[bool], None] | None = None
         self.step_index = 0
         self.clock = 0.0  # engine time: the sum of step durations (idle time between manual steps excluded)
         self._next_id = 0
@@ -619,7 +624,7 @@ class Engine:
         want = None
         if w.capture is not None and self.capture_seq_ids is not None:
             want = {i for i, item in enumerate(w.plan) if item.seq.seq_id in self.capture_seq_ids}
-        w.logits, w.caps = self.model.forward(w.inputs, self.kv, w.capture, want)
+        w.logits, w.caps = self.model.forward(w.inputs, self.kv, w.capture, want, gil_free_hook=self.forward_hook)
 
     def _sample_or_verify(self, w: _StepWork) -> None:
         """Sample the next token of each sequence whose chunk reached its end, or verify its drafts. Finishing

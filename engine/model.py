@@ -304,12 +304,14 @@ class Model:
     # ---- the forward --------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, seqs: list[SeqInput], kv: KVStorage, capture: Capture | None = None,
-                capture_seqs: set[int] | None = None, exit_layer: int | None = None):
+                capture_seqs: set[int] | None = None, exit_layer: int | None = None, gil_free_hook=None):
         """Run the new tokens of `seqs`; write their K/V into `kv`; return (logits rows, captures).
 
         logits: float32 [sum(logits_rows), vocab] in sequence order. captures: {seq index: SeqCapture}.
         exit_layer: run only the first `exit_layer` layers, then the final norm and head (the early-exit
         drafter of speculative decoding); only those layers' K/V are written.
+        gil_free_hook: called with True before and False after the part that needs no GIL (the scripted layers
+        and the head), when the forward takes that path (Engine.forward_hook).
         """
         spec, dev = self.spec, self.device
         H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
@@ -351,9 +353,17 @@ class Model:
                 c.embeddings = x[offsets[i]:offsets[i + 1]].float().clone()
 
         layers = self.layers if exit_layer is None else self.layers[:exit_layer]
+        rows = torch.cat([torch.arange(offsets[i + 1] - s.logits_rows, offsets[i + 1])
+                          for i, s in enumerate(seqs)]).to(dev)
         if capture is None and scripted.LAYERS is not None:  # nothing to record: the GIL-free stack
-            x = self._scripted_layers(x, cos, sin, new_slots, kv, decode_ctx, seqs, offsets, len(layers))
-            layers = []
+            if gil_free_hook is not None:
+                gil_free_hook(True)
+            try:
+                x = self._scripted_layers(x, cos, sin, new_slots, kv, decode_ctx, seqs, offsets, len(layers))
+                return self.logits(x[rows]), caps
+            finally:
+                if gil_free_hook is not None:
+                    gil_free_hook(False)
         for li, layer in enumerate(layers):
             h = self.rms_norm(x, layer["in_norm"])
             qkv = layer["qkv"](h)
@@ -388,8 +398,6 @@ class Model:
             if residuals is not None:
                 residuals.append(x)
 
-        rows = torch.cat([torch.arange(offsets[i + 1] - s.logits_rows, offsets[i + 1])
-                          for i, s in enumerate(seqs)]).to(dev)
         final = x[rows]
         lens_in = self._lens_inputs(caps, residuals, offsets, capture) if capture is not None else {}
         sizes = [t.shape[0] for t in lens_in.values()]

@@ -106,3 +106,27 @@ def test_reads_do_not_wait_for_a_step_and_follow_every_change(engine):
         assert "not a sequence" in str(exc)
     else:
         raise AssertionError("a released sequence still has a view")
+
+
+def test_forward_hook_brackets_only_the_gil_free_part(engine):
+    """Engine.forward_hook: True then False around the scripted layers and head of each uninstrumented step;
+    never for an instrumented forward (its Python loop needs the GIL throughout), and the step's result is the
+    same with or without a hook."""
+    calls = []
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    plain = engine.session(kv_memory=engine.kv_bytes_per_token * 16 * 16)
+    a = plain.add_request("Water boils at", params, chat=False)
+    engine.forward_hook = calls.append
+    b = engine.add_request("Water boils at", params, chat=False)
+    engine.step(trace=False)
+    assert calls == [True, False]
+    engine.instrument = Capture(attention=True, logit_lens=False, residual_norms=False, embeddings=False)
+    engine.step(trace=False)
+    assert calls == [True, False]  # the instrumented step ran the Python path: no call
+    engine.instrument = None
+    while engine.has_unfinished():
+        engine.step(trace=False)
+    while plain.has_unfinished():
+        plain.step(trace=False)
+    assert engine.result(b).token_ids == plain.result(a).token_ids
+    assert calls == [True, False] * (len(calls) // 2) and len(calls) >= 4

@@ -185,3 +185,31 @@ def test_a_long_prompt_does_not_starve_a_short_one(base_engine):
     shared = [r for r in room.records() if {x["owner"] for x in r["batch"]} == {a.owner, b.owner}]
     assert shared and all(x["num_processed"] <= 256 for x in shared[0]["batch"] if x["owner"] == a.owner)
     room.close()
+
+
+def test_pages_take_their_turn_while_the_engine_needs_no_gil(room):
+    """Room.page_turn: free between steps and during a step's GIL-free forward, closed while the engine runs a
+    step's Python phases (a page build waits there, at most PAGE_WAIT_S). Recorded from inside a real Run: at
+    the hook's calls the turn is open exactly when the engine says it is in its GIL-free part."""
+    from app import room as room_mod
+
+    seen = []
+    hook = room.engine.forward_hook
+
+    def spy(inside):
+        hook(inside)
+        seen.append((inside, room._pages_turn.is_set()))
+
+    room.engine.forward_hook = spy
+    try:
+        a = LabSession.create(room)
+        a.wants_capture = False  # a page showing no chart that needs the model's insides (render.CAPTURE_CHARTS)
+        a.add_request(PROMPTS[0], _greedy(6), True, None)
+        for _ in a.run_steps():
+            pass
+    finally:
+        room.engine.forward_hook = hook
+    assert seen and all(inside == open_ for inside, open_ in seen)
+    assert room._pages_turn.is_set()  # no step running: pages are free
+    assert 0 < room_mod.PAGE_WAIT_S <= 0.25  # a page never waits long for a stuck engine
+    a.page_turn()  # returns at once now
