@@ -586,13 +586,17 @@ class SessionRegistry:
             return self._downloads[key]
 
     def renew(self, key: str) -> LabSession:
-        """Reset: a fresh session for the same tab (same ticket, same socket)."""
+        """Reset: a fresh session for the same tab (same ticket, same socket). Its requests and steps go; the
+        settings its page's controls still show stay (the speculative drafter: its checkbox stays ticked)."""
         with self._lock:
             old = self.sessions.pop(key, None)
         if old is not None:
             old.close()
             self._freed = True
-        return self.get(key)
+        fresh = self.get(key)
+        if old is not None:
+            fresh.speculative = old.speculative
+        return fresh
 
     def drop(self, key: str) -> None:
         """The tab closed: free its session and ticket, and refuse late events for it."""

@@ -10,6 +10,7 @@ from engine.records import dumps
 from app.server import ModelHolder
 from app.session import SessionRegistry
 from app.handlers import LabHandlers
+from engine import SpeculativeConfig
 
 DEFAULTS = dict(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0, rep=1.0, freq=0.0, pres=0.0, seed=1,
                 max_tokens=24, stop="")
@@ -116,8 +117,11 @@ def test_force_rewind_branch_reset(lab):
     out = json.loads(h.rewind(1, True, *VIEW, request=req()))
     assert s.focus != sid and s.engine.sequences[s.focus].parent_id == sid
     assert "il-msg-error" not in out["html"].get("html-message", "")
+    s.speculative = SpeculativeConfig(method="ngram")  # as the speculative panel's checkbox sets it
     h.reset("en", request=req())
     assert registry.sessions["tab-a"].events == []
+    # the checkbox stays ticked on the page, so the fresh session keeps the setting (issue 13, item 1)
+    assert registry.sessions["tab-a"] is not s and registry.sessions["tab-a"].speculative == s.speculative
 
 
 def test_second_request_joins_the_batch(lab):
