@@ -96,6 +96,14 @@ def click_and_wait(page, selector: str, timeout: float = 60000) -> None:
     page.wait_for_function(f"() => window.inferlab.state.renders > {before}", timeout=timeout)
 
 
+def click_until_message(page, selector: str, text: str, timeout: float = 60000) -> None:
+    """Click a control whose answer is a message line, and wait for that line: the page draws other payloads
+    meanwhile (a View answer for charts that scrolled into view), so any render would not do."""
+    page.click(selector)
+    page.wait_for_function("txt => document.querySelector('#html-message').innerText.includes(txt)", arg=text,
+                           timeout=timeout)
+
+
 def chart_traces(page, chart_id: str):
     return page.evaluate(f"""() => {{
         const el = document.getElementById('{chart_id}');

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e_util import browser, chromium_available, click_and_wait, ensure_drawn, open_lab, running_server
+from e2e_util import (browser, chromium_available, click_and_wait, click_until_message, ensure_drawn, open_lab,
+                      running_server)
 
 pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
@@ -41,11 +42,9 @@ def test_follower_sees_the_presenters_charts(lab):
     page.fill("#prompt textarea", "Что такое гравитация?")
     open_accordion(page, "lecture")
     page.fill("#presenter_token input", "wrong")
-    click_and_wait(page, "#present")
-    assert "Wrong presenter token" in page.inner_text("#html-message")
+    click_until_message(page, "#present", "Wrong presenter token")
     page.fill("#presenter_token input", TOKEN)
-    click_and_wait(page, "#present")
-    assert "presenting" in page.inner_text("#html-message")
+    click_until_message(page, "#present", "presenting")
 
     viewer = b.new_page(viewport={"width": 1400, "height": 1000})
     errors = []
