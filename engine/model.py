@@ -190,9 +190,9 @@ class Linear:
                 self.packed = None
 
     def __call__(self, x: torch.Tensor, prefer_packed: bool = False) -> torch.Tensor:
-        if self.packed is not None and (prefer_packed or x.shape[0] <= self.PACKED_MAX_ROWS):
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        # the one kernel choice, shared with the scripted layers (engine/scripted.py)
+        return scripted.linear(x, self.weight, self.packed, self.bias,
+                               x.shape[0] if prefer_packed else self.PACKED_MAX_ROWS)
 
 
 class KVStorage:
@@ -286,17 +286,11 @@ class Model:
 
     # ---- building blocks ----------------------------------------------------------------------
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused kernel instead of six small ones (decode is overhead-bound)
-            return F.rms_norm(x, (x.shape[-1],), weight, self.spec.rms_norm_eps)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
-        return weight * xf.to(x.dtype)
+        return scripted.rms_norm(x, weight, self.spec.rms_norm_eps)
 
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: [N, heads, D]; cos/sin: [N, 1, D]. Rotate-half convention, as in the HF checkpoints.
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return scripted.rope(x, cos, sin)
 
     def logits(self, hidden: torch.Tensor, prefer_packed: bool = False) -> torch.Tensor:
         return self.head(self.rms_norm(hidden, self.final_norm), prefer_packed).float()
