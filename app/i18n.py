@@ -255,6 +255,47 @@ UI = {
     "waiting": {"en": "waiting: {n} requests ahead of yours", "ru": "ожидание: впереди вашего запроса ещё {n}"},
     "preempted": {"en": "preempted: the KV pool was full; it will be recomputed",
                   "ru": "вытеснен: пул KV был полон; запрос будет пересчитан"},
+    # the preemption demo, the queue line in the timeline panel (issue 13, item 7)
+    "demo_preempt": {"en": "Preemption demo: a small KV pool", "ru": "Демо вытеснения: маленький пул KV"},
+    "demo.short": {"en": "What is gravity?", "ru": "Что такое гравитация?"},
+    "demo.long": {"en": "Summarise this paragraph in two sentences: The KV cache stores the keys and values of "
+                        "every token a sequence has seen, so each new token attends to them without recomputing "
+                        "the whole prompt. A paged cache splits that memory into fixed blocks; the scheduler hands "
+                        "blocks to the sequences of a batch and, when the pool runs out, takes them back from the "
+                        "newest sequence, which is recomputed later.",
+                  "ru": "Перескажи этот абзац в двух предложениях: KV-кэш хранит ключи и значения всех токенов, "
+                        "которые видела последовательность, и новый токен смотрит на них, не пересчитывая запрос. "
+                        "Страничный кэш делит эту память на блоки; планировщик раздаёт блоки последовательностям "
+                        "батча, а когда пул кончается, забирает их у самой новой, и её пересчитывают позже."},
+    "demo_started": {"en": "This tab now has an engine of its own with a KV pool of {blocks} blocks ({tokens} "
+                           "tokens): request #{a} is short, #{b} long. Press Run (or Step) and watch the timeline: "
+                           "as the answers grow the pool runs out and #{b}, the newest, is preempted, then "
+                           "recomputed once #{a} has finished. Reset returns to the shared room.",
+                     "ru": "У этой вкладки теперь свой движок с пулом KV на {blocks} блоков ({tokens} токенов): "
+                           "запрос №{a} короткий, №{b} длинный. Нажмите «Запуск» (или «Шаг») и смотрите на шкалу "
+                           "шагов: ответы растут, пул кончается, и №{b}, самый новый, вытесняется, а когда №{a} "
+                           "закончится, пересчитывается. «Сброс» вернёт вкладку в общую комнату."},
+    "demo_tab_only": {"en": "The preemption demo runs in a browser tab's own session.",
+                      "ru": "Демо вытеснения работает только в сессии вкладки браузера."},
+    "queue.title": {"en": "Your sequences now:", "ru": "Ваши последовательности сейчас:"},
+    "queue.running": {"en": "#{sid}: running", "ru": "№{sid}: выполняется"},
+    "queue.waiting": {"en": "#{sid}: waiting, {n} requests ahead", "ru": "№{sid}: ждёт, впереди запросов: {n}"},
+    "queue.preempted": {"en": "#{sid}: preempted — the KV pool was full, its blocks were freed; it waits ({n} "
+                              "ahead) and will be recomputed",
+                        "ru": "№{sid}: вытеснена — пул KV был полон, её блоки освобождены; она ждёт (впереди {n}) "
+                              "и будет пересчитана"},
+    "queue.recomputed": {"en": "#{sid}: running again, recomputed after {n} preemption(s)",
+                         "ru": "№{sid}: снова выполняется, пересчитана после вытеснений: {n}"},
+    "queue.own_room": {"en": "this tab's own engine: KV pool of {blocks} blocks",
+                       "ru": "собственный движок вкладки: пул KV на {blocks} блоков"},
+    # the first screen before any step (issue 13, item 11)
+    "preview_hint": {"en": "Press Step: the first step is the prefill, one forward pass over the prompt's {n} "
+                           "tokens (panel 1 shows them already).",
+                     "ru": "Нажмите «Шаг»: первый шаг — префилл, один прямой проход по {n} токенам запроса "
+                           "(они уже показаны в панели 1)."},
+    "preview_long": {"en": "The prompt is longer than {n} characters: its template and tokens are drawn at the "
+                           "first Step.",
+                     "ru": "Запрос длиннее {n} символов: его шаблон и токены появятся после первого «Шага»."},
     # ---- the page's frame and lines the server writes (app/ui.py, app/handlers.py, app/render.py) ----
     "measuring": {"en": "measuring this machine…", "ru": "измеряем эту машину…"},
     # app/charts/common.py fmt_bytes: binary units, as memory is sized; fmt_si: decimal prefixes, as rates are quoted
@@ -710,6 +751,7 @@ UI = {
     "detok.cols": {"en": ["step", "token id", "token", "bytes (hex)", "emitted text", "held back", "stop string"],
                    "ru": ["шаг", "id токена", "токен", "байты (hex)", "выданный текст", "придержано", "стоп-строка"]},
     "detok.matched": {"en": "matched", "ru": "совпала"},
+    "detok.forced": {"en": "(forced)", "ru": "(навязан)"},
     # app/charts/embeddings.py
     "emb.pca_title": {"en": "Input embeddings of the sequence, PCA to 2-D ({n} tokens)",
                       "ru": "Входные эмбеддинги последовательности, PCA в 2-D (токенов: {n})"},
@@ -759,6 +801,10 @@ UI = {
     "kv.logical_axis": {"en": "logical block i (holds tokens i·{bs} … i·{bs}+{last})",
                         "ru": "логический блок i (токены i·{bs} … i·{bs}+{last})"},
     "kv.tokens": {"en": "tokens", "ru": "токены"},
+    "kv.logical_axis_wrapped": {"en": "logical block = the row's first + column (block i holds tokens i·{bs} … "
+                                      "i·{bs}+{last})",
+                                "ru": "логический блок = первый в строке + столбец (блок i: токены i·{bs} … "
+                                      "i·{bs}+{last})"},
     "kv.shared_by": {"en": "shared by seqs", "ru": "общий для посл."},
     "kv.memory": {"en": "KV memory", "ru": "Память KV"},
     "kv.memory_title": {"en": "KV memory: paged pool vs a naive contiguous allocator",
@@ -783,14 +829,24 @@ UI = {
     "logits.stats": {"en": "entropy {nats:.2f} nats = {bits:.2f} bits",
                      "ru": "энтропия {nats:.2f} нат = {bits:.2f} бит"},
     "logits.chosen": {"en": "chosen {tok}: rank {rank}, p = {p:.3f}", "ru": "выбран {tok}: ранг {rank}, p = {p:.3f}"},
-    "logits.forced": {"en": " (forced)", "ru": " (принудительно)"},
+    # a forced token (issue 13, item 3): it was emitted; the draw's own pick is what it "would have sampled"
+    "logits.forced_line": {"en": "forced {tok} (id {id}) was emitted: rank {rank}, p = {p}",
+                           "ru": "выдан навязанный {tok} (id {id}): ранг {rank}, p = {p}"},
+    "logits.not_shown": {"en": " (not among the tokens shown)", "ru": " (нет среди показанных токенов)"},
+    "logits.would": {"en": "the draw would have sampled {tok}: rank {rank}, p = {p:.3f}",
+                     "ru": "розыгрыш выбрал бы {tok}: ранг {rank}, p = {p:.3f}"},
+    "logits.key_forced": {"en": "forced (emitted)", "ru": "навязан (выдан)"},
+    "logits.key_would": {"en": "would have sampled", "ru": "выбрал бы розыгрыш"},
+    "logits.key_sampled": {"en": "sampled", "ru": "выбран"},
     "logits.logit": {"en": "Logit (raw)", "ru": "Логит (сырой)"},
     "logits.prob": {"en": "Probability", "ru": "Вероятность"},
     "logits.softmax": {"en": "softmax(logits)", "ru": "softmax(логиты)"},
     "logits.final": {"en": "after sampling chain", "ru": "после цепочки сэмплинга"},
-    "logits.token": {"en": "token", "ru": "токен"},
-    "logits.ppl_title": {"en": "Log-probability of each generated token · perplexity {ppl:.2f} over {n}",
-                         "ru": "Лог-вероятности токенов ответа · перплексия {ppl:.2f} по {n}"},
+    # the units (issue 13, item 13): log p in nats; perplexity is per token, over the tokens so far
+    "logits.ppl_title": {"en": "Log-probability of each generated token (nats) · perplexity {ppl:.2f} per token, "
+                               "over {n} tokens",
+                         "ru": "Лог-вероятности токенов ответа (наты) · перплексия {ppl:.2f} на токен, "
+                               "по {n} ток."},
     "logits.ppl_name": {"en": "Log-probability and perplexity", "ru": "Лог-вероятности и перплексия"},
     "logits.ppl_empty": {"en": "Generate a few tokens to see their log-probabilities and perplexity",
                          "ru": "Сгенерируйте несколько токенов, чтобы увидеть их лог-вероятности и перплексию"},
@@ -800,7 +856,7 @@ UI = {
     "logits.running": {"en": "running perplexity", "ru": "накопленная перплексия"},
     "logits.x": {"en": "Generated token", "ru": "Сгенерированный токен"},
     "logits.y": {"en": "nats", "ru": "наты"},
-    "logits.y2": {"en": "Perplexity", "ru": "Перплексия"},
+    "logits.y2": {"en": "Perplexity (per token)", "ru": "Перплексия (на токен)"},
     "logits.entropy": {"en": "entropy", "ru": "энтропия"},
     # app/charts/sampling.py
     "sampling.chain": {"en": "Sampling chain", "ru": "Цепочка сэмплирования"},
@@ -835,6 +891,23 @@ UI = {
     "sampling.tail": {"en": "{m:.1%} of the mass lies in untracked tokens",
                       "ru": "{m:.1%} массы приходится на неотслеживаемые токены"},
     "sampling.chosen": {"en": "chosen", "ru": "выбран"},
+    # a forced token (issue 13, item 3): emitted instead of the draw's pick, which it "would have sampled"
+    "sampling.forced": {"en": "forced: emitted instead of the draw's pick",
+                        "ru": "навязан: выдан вместо выбора розыгрыша"},
+    "sampling.would": {"en": "would have sampled (the token was forced)",
+                       "ru": "выбрал бы розыгрыш (токен был навязан)"},
+    "sampling.chain_title_forced": {"en": "Sampling chain · forced «{forced}» was emitted<br>the draw would have "
+                                          "sampled «{tok}» (p = {p:.3f}, raw rank {rank})",
+                                    "ru": "Цепочка сэмплирования · выдан навязанный «{forced}»<br>розыгрыш выбрал "
+                                          "бы «{tok}» (p = {p:.3f}, ранг по логитам {rank})"},
+    "sampling.forced_title": {"en": "Forced «{tok}» was emitted", "ru": "Выдан навязанный «{tok}»"},
+    "sampling.forced_mark": {"en": "forced", "ru": "навязан"},
+    "sampling.forced_outside": {"en": "forced «{tok}» is not in the draw (cut by the chain or untracked)",
+                                "ru": "навязанного «{tok}» нет в розыгрыше (отсечён цепочкой или не отслеживается)"},
+    "sampling.cdf_title_would": {"en": "Inverse-CDF draw: u = {u:.4f} would have sampled «{tok}» (p = {p:.3f})",
+                                 "ru": "Выбор по обратной CDF: u = {u:.4f} выбрал бы «{tok}» (p = {p:.3f})"},
+    "sampling.greedy_title_would": {"en": "Greedy: the argmax «{tok}» would have been emitted",
+                                    "ru": "Жадно: был бы выдан argmax «{tok}»"},
     "sampling.stage": {"en": "stage", "ru": "этап"},
     "sampling.tokens_axis": {"en": "tracked tokens (top by logit + the chosen one)",
                              "ru": "отслеживаемые токены (лучшие по логиту + выбранный)"},
@@ -931,8 +1004,8 @@ UI = {
                          "токенов / проход", "формула", "те же id"]},
     # app/charts/timeline.py
     "timeline.timeline": {"en": "Step timeline", "ru": "Шкала шагов"},
-    "timeline.timeline_title": {"en": "Step timeline: duration of each engine step",
-                                "ru": "Шкала шагов: длительность каждого шага движка"},
+    "timeline.timeline_title": {"en": "Step timeline: who was in each engine step, and how long it took",
+                                "ru": "Шкала шагов: кто был в каждом шаге движка и сколько он длился"},
     "timeline.no_steps": {"en": "Step the engine to see the timeline.", "ru": "Сделайте шаг, чтобы увидеть шкалу."},
     "timeline.step": {"en": "step", "ru": "шаг"},
     "timeline.ms": {"en": "step time (ms)", "ru": "время шага (мс)"},
@@ -981,6 +1054,22 @@ UI = {
     "timeline.roof_name": {"en": "roof", "ru": "крыша"},
     "timeline.step_ms": {"en": "step %{y:.1f} ms", "ru": "шаг %{y:.1f} мс"},
     "timeline.forward_ms": {"en": "forward %{customdata[2]:.1f} ms", "ru": "прямой проход %{customdata[2]:.1f} мс"},
+    # the timeline's batch composition (issue 13, item 7)
+    "timeline.in_step": {"en": "sequences in the step", "ru": "последовательности в шаге"},
+    "timeline.ms_short": {"en": "ms", "ru": "мс"},
+    "timeline.step_word": {"en": "step", "ru": "шаг"},
+    "timeline.waiting": {"en": "waiting", "ru": "ждут"},
+    "timeline.other_tab": {"en": "another tab's sequence", "ru": "последовательность другой вкладки"},
+    "timeline.other_tabs": {"en": "other tabs", "ru": "другие вкладки"},
+    "timeline.phase_prefill": {"en": "prefill chunk", "ru": "кусок префилла"},
+    "timeline.phase_decode": {"en": "decode", "ru": "декодирование"},
+    "timeline.phase_verify": {"en": "speculative verify", "ru": "спекулятивная проверка"},
+    "timeline.chunk_more": {"en": "the prompt is not finished: more chunks follow",
+                            "ru": "запрос ещё не дочитан: будут ещё куски"},
+    "timeline.waits": {"en": "waiting: {n} ahead in the queue", "ru": "ждёт: впереди в очереди {n}"},
+    "timeline.preempt_why": {"en": "preempted: the KV pool was full, its blocks were freed; it will be recomputed",
+                             "ru": "вытеснена: пул KV заполнен, её блоки освобождены; её пересчитают заново"},
+    "timeline.preempted_short": {"en": "preempted", "ru": "вытеснена"},
     # app/charts/tokens.py
     "bytes_chart.title": {"en": "Bytes per token · mean {mean:.2f}", "ru": "Байт на токен · в среднем {mean:.2f}"},
     "bytes_chart.empty_title": {"en": "Bytes per token", "ru": "Байт на токен"},
@@ -1038,8 +1127,11 @@ UI = {
     "pipeline.prefill": {"en": "prefill {n} tok", "ru": "префилл {n} ток."},
     "pipeline.decode": {"en": "decode {n} seqs", "ru": "декод {n} посл."},
     "pipeline.decode1": {"en": "decode 1 seq", "ru": "декод 1 посл."},
-    "pipeline.preempted": {"en": "preempted {ids}", "ru": "вытеснены {ids}"},
-    "pipeline.finished": {"en": "finished {ids}", "ru": "завершены {ids}"},
+    # {ids}: sequence ids as "#0, #3" (issue 13, item 13: "finished 0" read as zero sequences)
+    "pipeline.preempted": {"en": "seqs {ids} preempted", "ru": "вытеснены посл. {ids}"},
+    "pipeline.preempted1": {"en": "seq {ids} preempted", "ru": "вытеснена посл. {ids}"},
+    "pipeline.finished": {"en": "seqs {ids} finished", "ru": "завершены посл. {ids}"},
+    "pipeline.finished1": {"en": "seq {ids} finished", "ru": "завершена посл. {ids}"},
     # app/panels/stream.py
     "stream.empty": {"en": "Nothing streamed yet for sequence {seq}.",
                      "ru": "Последовательность {seq} ещё ничего не выдала."},
@@ -1068,6 +1160,9 @@ UI = {
     "tokens.flag_fallback": {"en": "byte fallback", "ru": "байтовый запасной токен"},
     "tokens.flag_partial": {"en": "partial UTF-8 (an incomplete character)", "ru": "неполный UTF-8 (часть символа)"},
     "tokens.flag_generated": {"en": "generated", "ru": "сгенерирован"},
+    "tokens.flag_forced": {"en": "generated: forced by the user, not sampled",
+                           "ru": "сгенерирован: навязан пользователем, а не выбран розыгрышем"},
+    "tokens.forced_count": {"en": "forced: {n} (purple chips)", "ru": "навязано: {n} (фиолетовые фишки)"},
     "tokens.bpe_empty": {"en": "Type a word to see how BPE merges its bytes into tokens",
                          "ru": "Введите слово, чтобы увидеть, как BPE склеивает его байты в токены"},
     "tokens.step": {"en": "Step", "ru": "Шаг"},

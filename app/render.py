@@ -150,7 +150,8 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
 
     # 1 · template & tokens
     htmls["html-template"] = figs.draw(lambda: token_panels.template_html(req.text, req.spans, lang), lambda: failed)
-    htmls["html-tokens"] = figs.draw(lambda: token_panels.token_chips_html(infos, n_prompt, lang), lambda: failed)
+    htmls["html-tokens"] = figs.draw(lambda: token_panels.token_chips_html(
+        infos, n_prompt, lang, forced=detok.forced_indices(events, sid)), lambda: failed)
     figs.put("chart-bytes", lambda: tokens.bytes_per_token_chart(infos, n_prompt, lang))
     word = (word or "").strip() or _default_word(req.prompt)
     try:
@@ -179,11 +180,13 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     # 4 · logits, 5 · sampling
     _, sev = figs.draw(lambda: s.last_seq_event(sid), lambda: (None, None))
     if sev is not None:
+        forced = logits.forced_of(sev) if what_if is None else None  # a what-if shows a draw, nothing forced
         figs.put("chart-logits", lambda: logits.logits_chart(sev.sampling, sev.logit_stats, lang,
-                                                   forced_token=sev.new_token if sev.forced else None))
+                                                             forced=logits.forced_of(sev)))
         chain = what_if if what_if is not None else sev.sampling
-        figs.put("chart-sampling", lambda: sampling.sampling_chain_chart(chain, what_if=what_if is not None, lang=lang))
-        figs.put("chart-cdf", lambda: sampling.sampling_cdf_chart(chain, lang))
+        figs.put("chart-sampling", lambda: sampling.sampling_chain_chart(chain, what_if=what_if is not None, lang=lang,
+                                                                         forced=forced))
+        figs.put("chart-cdf", lambda: sampling.sampling_cdf_chart(chain, lang, forced=forced))
     else:
         for cid in ("chart-logits", "chart-sampling", "chart-cdf"):
             figs.put(cid, lambda: empty("", t("idle", lang) if not events else "…", cid))
@@ -260,8 +263,9 @@ def chain_payload(s: LabView, lang: str, message: str, message_kind: str = "info
     """Only the sampling charts, as the last step really sampled (what a what-if returns to)."""
     sev = s.last_seq_event(s.focus)[1] if s.focus is not None else None
     trace = sev.sampling if sev is not None else None
-    return {"figs": {"chart-sampling": sampling.sampling_chain_chart(trace, what_if=False, lang=lang),
-                     "chart-cdf": sampling.sampling_cdf_chart(trace, lang)},
+    forced = logits.forced_of(sev)
+    return {"figs": {"chart-sampling": sampling.sampling_chain_chart(trace, what_if=False, lang=lang, forced=forced),
+                     "chart-cdf": sampling.sampling_cdf_chart(trace, lang, forced=forced)},
             "html": {"html-message": message_html(message, message_kind)}}
 
 

@@ -770,10 +770,11 @@ class Engine:
             return sampling_probs(logits[i], params, prompt, before + draft.tokens[:i])
 
         v = spec_mod.verify(draft.tokens, draft.q, p_row, seq.generator)
-        reason, kept = None, 0
+        reason, kept, detok = None, 0, []
         for token in v.tokens:  # a stop string, EOS or max_tokens inside the round cuts the round there
             kept += 1
             reason = self._emit(seq, token, ev)
+            detok.append(ev.detok)  # _emit keeps only the latest in ev.detok
             if reason is not None:
                 break
         # K/V stay valid for the pending token and the drafts kept; the other rows are rolled back
@@ -784,12 +785,13 @@ class Engine:
         if trace:
             ev.logit_stats = _logit_stats(logits[kept - 1], last)
         seq.spec.drafter.after_round(seq.seq_id, num_before, kept - 1, draft)
-        self._record_round(seq, item, draft, v, kept, ev, trace, forward_s + time.perf_counter() - t)
+        self._record_round(seq, item, draft, v, kept, ev, trace, forward_s + time.perf_counter() - t, detok)
         return reason, kept
 
     def _record_round(self, seq: Sequence, item: ScheduledSeq, draft: Draft, v: Verification | None, kept: int,
-                      ev: SeqEvent, trace: bool, verify_s: float) -> None:
-        """Update the sequence's statistics and adaptive k; describe the round in ev.spec."""
+                      ev: SeqEvent, trace: bool, verify_s: float, detok: list | None = None) -> None:
+        """Update the sequence's statistics and adaptive k; describe the round in ev.spec. `detok`: each emitted
+        token's detokenizer step (a round without drafts emitted one: ev.detok)."""
         st = seq.spec
         st.record(draft, v, kept, verify_s)
         entries = []
@@ -844,7 +846,7 @@ class Engine:
             rollback=RoundRollback(reserved_slots=item.num_lookahead, slots=written - kept, blocks=[]),
             draft_ms=draft.seconds * 1e3, verify_ms=verify_s * 1e3,
             drafter={**st.drafter.describe(), **draft.info}, adaptive=adaptive,
-            stats=st.stats(len(seq.output_ids)))
+            stats=st.stats(len(seq.output_ids)), detok=list(detok) if detok is not None else [ev.detok])
 
     def _q_row(self, draft: Draft, i: int) -> torch.Tensor:
         """The draft distribution at position i (one-hot for a point-mass drafter)."""

@@ -38,6 +38,7 @@ from .checks import as_bool, as_int, as_text, short_repr, type_error
 from .kv_cache import BlockManager, kv_block_preserver
 from .model import KVStorage, Model, ModelSpec, SeqInput
 from .records import Record
+from .tokenizer import DetokStep
 from .sampling import SamplingParams, sampling_probs
 
 METHODS = ("ngram", "early_exit", "draft")
@@ -314,6 +315,8 @@ class SpecRound(Record):
     drafter: dict  # the drafter's description and this draft's facts (n-gram match, exit layer, ...)
     adaptive: AdaptiveK | None  # adaptive k only
     stats: dict  # SpecState.stats(): the same dict as GenerationResult.speculative
+    # the detokenizer's step for each emitted token, in order (SeqEvent.detok holds only the last one's)
+    detok: list[DetokStep] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -30,7 +30,10 @@
         st.lastStep = ev.step;
         const toks = (ev.seqs || []).filter((s) => s.new_token !== null)
           .map((s) => `#${s.seq_id} ${JSON.stringify(s.new_token_text)}`);
-        last.textContent = `step ${ev.step}` + (toks.length ? " · " + toks.join(" ") : "");
+        // sequences by "#id" (a bare "finished 0" read as a count of zero)
+        const done = (ev.finished || []).map((id) => `seq #${id} finished`);
+        last.textContent = `step ${ev.step}` + (toks.length ? " · " + toks.join(" ") : "") +
+          (done.length ? " · " + done.join(" · ") : "");
         say("live · following the presenter", "ok");
       } else if (msg.type === types.frame) {
         st.frames += 1;

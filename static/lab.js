@@ -288,6 +288,14 @@
     if (target) { e.preventDefault(); click(target); }
   }
   document.addEventListener("keydown", keyboard);
+  // A layer or head typed into its slider's number box and confirmed with Enter: Gradio's slider sends the
+  // "release" that redraws the attention charts only on blur or pointer-up, so Enter leaves the box as a click
+  // elsewhere would (the slider clamps the value, then releases it).
+  document.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter" || !e.target || e.target.type !== "number") return;
+    const sliders = ["layer", "head"].map((name) => "#" + K().stepControls[name][0]).join(", ");
+    if (e.target.closest(sliders)) e.target.blur();
+  });
   // Gradio renders the page after this script runs: start observing the chart containers once they exist.
   const boot = setInterval(() => {
     if (window.INFERLAB && document.querySelector("." + K().ids.chart_class)) { observeAll(); clearInterval(boot); }

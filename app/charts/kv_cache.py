@@ -13,6 +13,7 @@ from .common import FREE, GREY, SEQ_COLORS, empty, figure, fmt_bytes, layout, se
 from ..i18n import texts
 
 COLS = 32  # blocks per grid row: block id = row * COLS + col
+LINE_BLOCKS = 16  # logical blocks per row of a block table; a longer table wraps (a row is a readable ~450 px)
 UIREV_POOL = "chart-kv-pool"
 UIREV_TABLES = "chart-kv-tables"
 UIREV_MEMORY = "chart-kv-memory"
@@ -117,9 +118,11 @@ def block_pool_chart(event, lang: str = "en") -> dict:
 
 
 def block_tables_chart(event, lang: str = "en") -> dict:
-    """One row per sequence (sorted by id): cell i = the physical block holding its logical block i.
+    """One row per sequence (sorted by id): cell i = the physical block holding its logical block i. A table
+    longer than LINE_BLOCKS wraps onto more rows, each labelled with the logical blocks it holds ("seq 0 ·
+    16–31"): 53 blocks on one row left each id a few pixels, and the numbers ran into each other.
 
-    customdata[row][i] = physical block id (None past the end of that table); colour = the first owner of that
+    customdata[row][c] = physical block id (None past the end of that table); colour = the first owner of that
     physical block, so a prefix block shared with another sequence shows in that sequence's colour.
     """
     tx = _t(lang)
@@ -129,45 +132,60 @@ def block_tables_chart(event, lang: str = "en") -> dict:
     by_id = {int(b["id"]): b for b in event.blocks}
     bs = event.kv.block_size
     seqs = sorted(tables)
-    width = max(len(t) for t in tables.values())
-    z, text, cd, hover = [], [], [], []
+    cols = min(max(len(t) for t in tables.values()), LINE_BLOCKS) or 1
+    wrapped = any(len(t) > LINE_BLOCKS for t in tables.values())
+    z, text, cd, hover, labels, shapes = [], [], [], [], [], []
     for s in seqs:
         t = tables[s]
-        zr, tr, cr, hr = [], [], [], []
-        for i in range(width):
-            if i < len(t):
-                pb = t[i]
-                b = by_id.get(pb, {"state": "used", "owners": [s], "refcount": 1})
-                owners = [int(o) for o in b.get("owners") or [s]]
-                zr.append(block_code(b) if b.get("owners") else CODE_SEQ0 + s % len(SEQ_COLORS))
-                tr.append(str(pb))
-                cr.append(pb)
-                shared = f"<br>{tx['shared_by']} {', '.join(map(str, owners))}" if len(owners) > 1 else ""
-                hr.append(f"{tx['seq']} {s} · {tx['logical']} {i} ({tx['tokens']} {i * bs}–"
-                          f"{(i + 1) * bs - 1})<br>→ {tx['block']} {pb} · {tx['refcount']} "
-                          f"{b.get('refcount', 1)}{shared}")
-            else:
-                zr.append(None)
-                tr.append("")
-                cr.append(None)
-                hr.append("")
-        z.append(zr)
-        text.append(tr)
-        cd.append(cr)
-        hover.append(hr)
-    heat = dict(type="heatmap", name="tables", z=z, text=text, texttemplate="%{text}", textfont=dict(size=11),
+        if z and wrapped:  # a line between two sequences' rows
+            shapes.append(dict(type="line", xref="paper", yref="y", x0=0, x1=1, y0=len(z) - 0.5, y1=len(z) - 0.5,
+                               line=dict(color="#999", width=1)))
+        for start in range(0, max(len(t), 1), cols):
+            zr, tr, cr, hr = [], [], [], []
+            for i in range(start, start + cols):
+                if i < len(t):
+                    pb = t[i]
+                    zr.append(_table_cell(by_id, pb, s))
+                    tr.append(str(pb))
+                    cr.append(pb)
+                    hr.append(_table_hover(by_id.get(pb), pb, s, i, bs, tx))
+                else:
+                    zr.append(None)
+                    tr.append("")
+                    cr.append(None)
+                    hr.append("")
+            z.append(zr)
+            text.append(tr)
+            cd.append(cr)
+            hover.append(hr)
+            last = min(start + cols, len(t)) - 1
+            labels.append(f"{tx['seq']} {s}" + (f" · {start}–{last}" if wrapped and last >= start else ""))
+    heat = dict(type="heatmap", name="tables", z=z, text=text, texttemplate="%{text}", textfont=dict(size=10),
                 customdata=cd, hovertext=hover, hovertemplate="%{hovertext}<extra></extra>",
                 colorscale=discrete_colorscale(), zmin=-0.5, zmax=NUM_CODES - 0.5, showscale=False, hoverongaps=False,
-                xgap=2, ygap=2,
-                x=list(range(width)), y=list(range(len(seqs))))
-    lay = layout(tx["tables_title"], UIREV_TABLES, height=max(150, 30 * len(seqs) + 110),
-                 margin=dict(l=60, r=10, t=40, b=45),
-                 xaxis=dict(title=dict(text=tx["logical_axis"].format(bs=bs, last=bs - 1)), tickmode="linear", dtick=1,
-                            range=[-0.5, width - 0.5], showgrid=False, zeroline=False),
-                 yaxis=dict(tickmode="array", tickvals=list(range(len(seqs))),
-                            ticktext=[f"{tx['seq']} {s}" for s in seqs], range=[len(seqs) - 0.5, -0.5],
-                            showgrid=False, zeroline=False, title=dict(text="")))
+                xgap=2, ygap=2, x=list(range(cols)), y=list(range(len(z))))
+    axis = tx["logical_axis_wrapped" if wrapped else "logical_axis"].format(bs=bs, last=bs - 1)
+    lay = layout(tx["tables_title"], UIREV_TABLES, height=max(150, 26 * len(z) + 110),
+                 margin=dict(l=110 if wrapped else 60, r=10, t=40, b=45), shapes=shapes,
+                 xaxis=dict(title=dict(text=axis), tickmode="linear", dtick=1, range=[-0.5, cols - 0.5],
+                            showgrid=False, zeroline=False),
+                 yaxis=dict(tickmode="array", tickvals=list(range(len(z))), ticktext=labels,
+                            range=[len(z) - 0.5, -0.5], showgrid=False, zeroline=False, title=dict(text="")))
     return figure([heat], lay)
+
+
+def _table_cell(by_id: dict, pb: int, seq: int) -> int:
+    """Colour code of a table cell: the physical block's first owner (a block missing from the event: seq)."""
+    b = by_id.get(pb)
+    return block_code(b) if b is not None and b.get("owners") else CODE_SEQ0 + seq % len(SEQ_COLORS)
+
+
+def _table_hover(b: dict | None, pb: int, seq: int, i: int, bs: int, tx: dict) -> str:
+    b = b or {"owners": [seq], "refcount": 1}
+    owners = [int(o) for o in b.get("owners") or [seq]]
+    shared = f"<br>{tx['shared_by']} {', '.join(map(str, owners))}" if len(owners) > 1 else ""
+    return (f"{tx['seq']} {seq} · {tx['logical']} {i} ({tx['tokens']} {i * bs}–{(i + 1) * bs - 1})<br>→ "
+            f"{tx['block']} {pb} · {tx['refcount']} {b.get('refcount', 1)}{shared}")
 
 
 def memory_numbers(kv: KVStats) -> dict:

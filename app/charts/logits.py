@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,6 +18,7 @@ LOGIT_COLOR = "#4C78A8"
 PROB_COLOR = "#72B7B2"
 FINAL_COLOR = "#F58518"
 CHOSEN_COLOR = ACCENT
+FORCED_COLOR = "#9467BD"  # a forced token, in every chart that shows one
 LN2 = math.log(2.0)
 
 
@@ -35,13 +37,37 @@ def _stage(sampling: SamplingTrace, name: str) -> StageSnapshot | None:
     return next((s for s in sampling.stages if s.name == name), None)
 
 
+@dataclass(frozen=True)
+class Forced:
+    """A token the user forced at a step (SeqEvent.forced): it was emitted, not the one the draw picked
+    (SamplingTrace.chosen, which the charts then call "would have sampled")."""
+
+    token: int
+    text: str
+    logprob: float | None = None  # the model's own log-probability of it (SeqEvent.logit_stats; traced steps)
+    rank: int | None = None  # tokens with a higher raw logit (0: the argmax)
+
+    def label(self) -> str:
+        return id_label(self.text, self.token)
+
+
+def forced_of(seq_event) -> Forced | None:
+    """The forced token of a SeqEvent, or None when the step emitted what it sampled."""
+    if seq_event is None or not seq_event.forced or seq_event.new_token is None:
+        return None
+    stats = seq_event.logit_stats
+    return Forced(int(seq_event.new_token), seq_event.new_token_text,
+                  None if stats is None else stats.token_logprob, None if stats is None else stats.token_rank)
+
+
 def logits_chart(seq_event_sampling: SamplingTrace | None, logit_stats: LogitStats | None, lang: str = "en",
-                 forced_token: int | None = None) -> dict:
+                 forced: Forced | None = None) -> dict:
     """Left: raw logits of the tracked top-N tokens; right: their softmax probabilities and the final
-    probabilities after the sampling chain. The sampled token's bars are red.
+    probabilities after the sampling chain. The sampled token's bars are red, its row banded.
 
     `seq_event_sampling` is SeqEvent.sampling (or Engine.what_if(...)); `logit_stats` is SeqEvent.logit_stats.
-    Pass `forced_token` (SeqEvent.new_token when SeqEvent.forced) to mark a forced token in the title.
+    `forced` (forced_of(SeqEvent)): the token emitted instead of the sample. Its row is banded in purple and
+    its bars outlined; the sample keeps its red bars and is called "would have sampled".
     """
     t = _tr(lang)
     uirev = "next-token-logits"
@@ -54,30 +80,32 @@ def logits_chart(seq_event_sampling: SamplingTrace | None, logit_stats: LogitSta
     raw = _stage(sampling, "logits") or sampling.stages[0]
     final = sampling.stages[-1]
     chosen = sampling.chosen
-    widths = [2.5 if i == chosen else 0 for i in ids]
+    emitted = forced.token if forced is not None else chosen  # the row that went on into the text
     y = list(range(len(ids)))
     labels = [id_label(s, i) for s, i in zip(texts, ids)]
-    custom = [[ids[k], labels[k]] for k in y]  # customdata[0] = token id: the page forces it on click
-    hover_head = f"%{{customdata[1]}} · id %{{customdata[0]}}<br>"
+    outline = dict(color=[FORCED_COLOR if forced is not None and i == forced.token else "#222" for i in ids],
+                   width=[2.5 if i in (chosen, emitted) else 0 for i in ids])
+    custom = [[ids[k], labels[k], _row_role(ids[k], chosen, forced, t)] for k in y]  # [0] = token id: forced on click
+    hover_head = "%{customdata[1]} · id %{customdata[0]}%{customdata[2]}<br>"
     data = [
         dict(type="bar", orientation="h", name=t["logit"], x=raw.logits, y=y, xaxis="x", yaxis="y",
              customdata=custom,
-             marker=dict(color=[CHOSEN_COLOR if i == chosen else LOGIT_COLOR for i in ids],
-                         line=dict(color="#222", width=widths)),
+             marker=dict(color=[_bar_color(i, chosen, forced, LOGIT_COLOR) for i in ids], line=outline),
              hovertemplate=hover_head + f"{t['logit']}: %{{x:.3f}}<extra></extra>", showlegend=False),
         dict(type="bar", orientation="h", name=t["softmax"], x=raw.probs, y=y, xaxis="x2", yaxis="y",
-             customdata=custom, marker=dict(color=PROB_COLOR, line=dict(color="#222", width=widths)),
+             customdata=custom, marker=dict(color=PROB_COLOR, line=outline),
              hovertemplate=hover_head + f"{t['softmax']}: %{{x:.4f}}<extra></extra>"),
     ]
     if final is not raw:
         data.append(dict(type="bar", orientation="h", name=t["final"], x=final.probs, y=y, xaxis="x2", yaxis="y",
-                         customdata=custom, marker=dict(color=FINAL_COLOR, line=dict(color="#222", width=widths)),
+                         customdata=custom, marker=dict(color=FINAL_COLOR, line=outline),
                          hovertemplate=hover_head + f"{t['final']}: %{{x:.4f}}<extra></extra>"))
     shapes = []
-    if chosen in ids:  # a red band behind the sampled token's row, across both panels
-        k = ids.index(chosen)
+    if emitted in ids:  # a band behind the emitted token's row, across both panels: red sampled, purple forced
+        k = ids.index(emitted)
+        band = "rgba(148,103,189,0.22)" if forced is not None else "rgba(214,39,40,0.12)"
         shapes.append(dict(type="rect", xref="paper", yref="y", x0=0, x1=1, y0=k - 0.5, y1=k + 0.5, layer="below",
-                           line=dict(width=0), fillcolor="rgba(214,39,40,0.12)"))
+                           line=dict(width=0), fillcolor=band))
     finite = [v for v in raw.logits if v is not None and math.isfinite(v)]
     xaxis = dict(domain=[0.0, 0.44], anchor="y", title=dict(text=t["logit"]), gridcolor="#eee", zeroline=False)
     if finite:
@@ -86,30 +114,70 @@ def logits_chart(seq_event_sampling: SamplingTrace | None, logit_stats: LogitSta
         xaxis["range"] = [lo - pad, hi + pad]
     pmax = max(list(raw.probs) + list(final.probs) + [1e-6])
 
+    key = [(BAR, PROB_COLOR, t["softmax"])] + ([(BAR, FINAL_COLOR, t["final"])] if final is not raw else [])
+    if forced is not None:  # what the two marked rows mean
+        key = [key, [(BAR, FORCED_COLOR, t["key_forced"]), (BAR, CHOSEN_COLOR, t["key_would"])]]
+    else:
+        key = [key]
+    lay = layout(_title(sampling, logit_stats, labels, forced, t), uirev,
+                 xaxis=xaxis,
+                 xaxis2=dict(domain=[0.56, 1.0], anchor="y", title=dict(text=t["prob"]),
+                             range=[0, min(1.0, pmax * 1.1)], gridcolor="#eee"),
+                 # the top token at the top: an explicit reversed range (autorange "reversed" is lost when
+                 # Plotly.react follows a placeholder figure of the same uirevision)
+                 yaxis=dict(tickmode="array", tickvals=y, ticktext=[shorten(s) for s in labels],
+                            range=[len(ids) - 0.5, -0.5], autorange=False, tickfont=dict(size=10)),
+                 # a fixed left margin, sized for LABEL_CHARS (see common.py); hovers keep the whole token
+                 barmode="group", bargap=0.2, shapes=shapes,
+                 margin=dict(l=label_px(10, LABEL_CHARS + 1) + 8, r=20, t=60 + 14 * (forced is not None),
+                             b=72 + 14 * (forced is not None)),
+                 annotations=[legend_key(key, y=0, yanchor="top", yshift=-24)],  # under the tick labels
+                 height=max(320, 20 * len(ids) + 130 + 28 * (forced is not None)))
+    return figure(data, lay)
+
+
+def _bar_color(token: int, chosen: int, forced: Forced | None, plain_color: str) -> str:
+    if forced is not None and token == forced.token:
+        return FORCED_COLOR
+    return CHOSEN_COLOR if token == chosen else plain_color
+
+
+def _row_role(token: int, chosen: int, forced: Forced | None, t: dict) -> str:
+    """What a row's hover says after its id: forced, would have sampled, or sampled (nothing for the rest)."""
+    if forced is not None and token == forced.token:
+        return f" · {t['key_forced']}"
+    if token == chosen:
+        return f" · {t['key_would'] if forced is not None else t['key_sampled']}"
+    return ""
+
+
+def _prob(p: float) -> str:
+    """A probability for a title: three decimals, or two significant digits when that would read 0.000."""
+    return f"{p:.3f}" if p >= 0.0005 else f"{p:.1e}"
+
+
+def _title(sampling: SamplingTrace, logit_stats: LogitStats | None, labels: list[str], forced: Forced | None,
+           t: dict) -> str:
+    """The title and its subtitle: entropy, then the emitted token (and, when forced, what the draw picked)."""
+    ids = list(sampling.token_ids)
+    chosen = sampling.chosen
     sub = []
     if logit_stats is not None:
         h = logit_stats.entropy
         sub.append(t["stats"].format(nats=h, bits=h / LN2))
-    if chosen >= 0:
-        tok = f"«{labels[ids.index(chosen)]}»" if chosen in ids else f"#{chosen}"
+    tok = f"«{labels[ids.index(chosen)]}»" if chosen in ids else f"#{chosen}"
+    lines = []
+    if forced is not None:
+        p = "–" if forced.logprob is None else _prob(math.exp(forced.logprob))
+        rank = "–" if forced.rank is None else forced.rank
+        lines.append(t["forced_line"].format(tok=f"«{forced.label()}»", id=forced.token, rank=rank, p=p)
+                     + ("" if forced.token in ids else t["not_shown"]))
+        lines.append(t["would"].format(tok=tok, rank=sampling.chosen_rank, p=sampling.chosen_prob))
+    elif chosen >= 0:
         sub.append(t["chosen"].format(tok=tok, rank=sampling.chosen_rank, p=sampling.chosen_prob))
-    if forced_token is not None:
-        sub.append(f"{t['token']} #{forced_token}{t['forced']}")
-    title = t["title"] + (f"<br><span style='font-size:11px;color:#555'>{' · '.join(sub)}</span>" if sub else "")
-    lay = layout(title, uirev,
-                 xaxis=xaxis,
-                 xaxis2=dict(domain=[0.56, 1.0], anchor="y", title=dict(text=t["prob"]),
-                             range=[0, min(1.0, pmax * 1.1)], gridcolor="#eee"),
-                 yaxis=dict(tickmode="array", tickvals=y, ticktext=[shorten(s) for s in labels], autorange="reversed",
-                            tickfont=dict(size=10)),
-                 # a fixed left margin, sized for LABEL_CHARS (see common.py); hovers keep the whole token
-                 barmode="group", bargap=0.2, shapes=shapes,
-                 margin=dict(l=label_px(10, LABEL_CHARS + 1) + 8, r=20, t=60, b=72),
-                 annotations=[legend_key([[(BAR, PROB_COLOR, t["softmax"])] +
-                                          ([(BAR, FINAL_COLOR, t["final"])] if final is not raw else [])],
-                                         y=0, yanchor="top", yshift=-24)],  # under the tick labels
-                 height=max(320, 20 * len(ids) + 130))
-    return figure(data, lay)
+    rows = [" · ".join(sub)] if sub else []
+    rows += lines
+    return t["title"] + "".join(f"<br><span style='font-size:11px;color:#555'>{r}</span>" for r in rows)
 
 
 def token_logprobs(events, seq_id: int) -> list[dict]:

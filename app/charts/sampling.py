@@ -9,6 +9,7 @@ from __future__ import annotations
 from engine.sampling import SamplingTrace, StageSnapshot
 
 from .common import ACCENT, GREY, LABEL_CHARS, empty, figure, label_px, layout, plain, rotated_px
+from .logits import FORCED_COLOR, Forced
 from ..i18n import texts
 
 CHAIN_ORDER = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
@@ -39,7 +40,8 @@ def _ordered_stages(sampling: SamplingTrace) -> list[StageSnapshot]:
     return sorted(sampling.stages, key=lambda s: rank.get(s.name, len(rank)))
 
 
-def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, lang: str = "en") -> dict:
+def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, lang: str = "en",
+                         forced: Forced | None = None) -> dict:
     """One column of horizontal bars per stage (logits → … → top_p), tokens as rows shared by every column.
 
     Bars are the tracked tokens' renormalised probabilities after the stage; removed tokens are grey at 0 and
@@ -48,6 +50,9 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
     so renormalisation shows as longer bars. The columns share one x axis, each bar starting at its column's
     origin (`base`): six subplots with their own axes cost the browser ~12 ms more to redraw after every step
     (in-page A/B).
+
+    `forced` (logits.forced_of(SeqEvent)): the token emitted instead of the draw's pick. Its row is banded in
+    purple and the title names it; the pick keeps its red bar and is what the draw "would have sampled".
     """
     tx = _t(lang)
     if sampling is None or not sampling.stages or not sampling.token_ids:
@@ -90,7 +95,7 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
             bar_text.append("✕" if not kept[i] else "")
             lv = logits_[i] if i < len(logits_) else None
             cd.append([ids[i], full[i], "−∞" if lv is None else f"{lv:.3f}",
-                       tx["kept"] if kept[i] else tx["removed"], probs[i]])
+                       (tx["kept"] if kept[i] else tx["removed"]) + _role(ids[i], chosen, forced, tx), probs[i]])
         name = st.name
         label = tx["stage_names"].get(name, name)
         origin = k * col
@@ -121,23 +126,34 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
 
     tok = plain(texts[ids.index(chosen)] if chosen in ids else f"#{chosen}")
     title = tx["chain_title"].format(tok=tok, p=sampling.chosen_prob, rank=sampling.chosen_rank)
-    extra = {}
+    extra, shapes = {}, []
+    if forced is not None:
+        title = tx["chain_title_forced"].format(forced=forced.label(), tok=tok, p=sampling.chosen_prob,
+                                                rank=sampling.chosen_rank)
+        if forced.token in ids:  # the forced row banded across every stage, as in the logits chart
+            k = ids.index(forced.token)
+            shapes.append(dict(type="rect", xref="paper", yref="y", x0=0, x1=1, y0=k - 0.5, y1=k + 0.5,
+                               layer="below", line=dict(width=0), fillcolor="rgba(148,103,189,0.22)"))
     height = max(300, 18 * n + 140)
-    top, bottom = 80 + HEADER_ROW, 45
+    top, bottom = 80 + HEADER_ROW + 18 * (forced is not None), 45  # a forced token's title takes two lines
     if what_if:
         title = f"{title} — {tx['what_if']}"
         annotations.append(dict(text=f"<b>{tx['what_if_badge']}</b>", x=1.0, y=1.0, xref="paper", yref="paper",
                                 xanchor="right", yanchor="bottom", yshift=34 + HEADER_ROW, showarrow=False,
                                 font=dict(size=12, color="white"), bgcolor=WHAT_IF_COLOR, borderpad=3))
-        extra["shapes"] = [dict(type="rect", xref="paper", yref="paper", x0=-0.005, x1=1.005, y0=-0.02,
-                                y1=1.0 + (34 + HEADER_ROW) / max(1, height - top - bottom),
-                                line=dict(color=WHAT_IF_COLOR, width=3), fillcolor="rgba(0,0,0,0)", layer="above")]
+        shapes.append(dict(type="rect", xref="paper", yref="paper", x0=-0.005, x1=1.005, y0=-0.02,
+                           y1=1.0 + (34 + HEADER_ROW) / max(1, height - top - bottom),
+                           line=dict(color=WHAT_IF_COLOR, width=3), fillcolor="rgba(0,0,0,0)", layer="above"))
         extra["paper_bgcolor"] = "#FFF6EC"
+    if shapes:
+        extra["shapes"] = shapes
     lay = layout(title, UIREV_CHAIN, barmode="overlay", bargap=0.15, height=height,
                  # a fixed left margin for labels of LABEL_CHARS and the axis title (see common.py)
                  margin=dict(l=label_px(12, LABEL_CHARS) + 20, r=20, t=top, b=bottom), annotations=annotations,
-                 yaxis=dict(tickmode="array", tickvals=list(range(n)), ticktext=labels, autorange="reversed",
-                            ticksuffix=" ", title=dict(text=tx["tokens_axis"], font=dict(size=11)),
+                 # the top token at the top: an explicit reversed range (autorange "reversed" is lost when
+                 # Plotly.react follows the page's placeholder, which has the same uirevision)
+                 yaxis=dict(tickmode="array", tickvals=list(range(n)), ticktext=labels, range=[n - 0.5, -0.5],
+                            autorange=False, ticksuffix=" ", title=dict(text=tx["tokens_axis"], font=dict(size=11)),
                             fixedrange=False),
                  xaxis=dict(range=[0, span], tickmode="array", tickvals=tickvals, ticktext=ticktext,
                             tickfont=dict(size=9), tickangle=0, showgrid=True, gridcolor="#EEE", zeroline=False,
@@ -146,12 +162,24 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
     return figure(data, lay)
 
 
-def sampling_cdf_chart(sampling: SamplingTrace | None, lang: str = "en") -> dict:
+def _role(token: int, chosen: int, forced: Forced | None, tx: dict) -> str:
+    """A hover's note on the draw's pick and the forced token (empty for the other rows)."""
+    if forced is not None and token == forced.token:
+        return f"<br>{tx['forced']}"
+    if token == chosen:
+        return f"<br>{tx['would'] if forced is not None else tx['chosen']}"
+    return ""
+
+
+def sampling_cdf_chart(sampling: SamplingTrace | None, lang: str = "en", forced: Forced | None = None) -> dict:
     """The final distribution as a CDF staircase over the tracked survivors in draw order, u and the pick.
 
     Trace "interval": each token's slice [cdf − p, cdf) as a floating bar; trace "cdf": the staircase itself
     (y = sampling.cdf cumulative values); trace "u": the horizontal line at u; trace "chosen": the point where
     u crosses the chosen token's slice. Greedy traces get no u line, only an annotation.
+
+    `forced` (logits.forced_of(SeqEvent)): the token emitted instead of the pick. Its slice is purple with a
+    "forced" marker (or a note says the chain left it out of the draw); the pick is what u "would have sampled".
     """
     tx = _t(lang)
     if sampling is None or not sampling.cdf:
@@ -175,9 +203,11 @@ def sampling_cdf_chart(sampling: SamplingTrace | None, lang: str = "en") -> dict
     labels = [plain(text_of.get(t, f"#{t}"), LABEL_CHARS) for t in tids]
     cd = [[t, plain(text_of.get(t, f"#{t}")), pi, b, c] for t, pi, b, c in zip(tids, p, base, cum)]
 
+    forced_id = forced.token if forced is not None else None
+    slice_colors = [FORCED_COLOR if t == forced_id else ACCENT if t == chosen else KEPT_COLOR for t in tids]
     data = [
         dict(type="bar", name="interval", x=xs, y=p, base=base, width=0.6,
-             marker=dict(color=[ACCENT if t == chosen else KEPT_COLOR for t in tids]), opacity=0.55,
+             marker=dict(color=slice_colors), opacity=0.55,
              customdata=cd,
              hovertemplate=("%{customdata[1]} (id %{customdata[0]})<br>p = %{customdata[2]:.4f}<br>"
                             + tx["slice"] + " [%{customdata[3]:.4f}, %{customdata[4]:.4f})<extra></extra>")),
@@ -189,16 +219,17 @@ def sampling_cdf_chart(sampling: SamplingTrace | None, lang: str = "en") -> dict
     annotations = []
     pos = tids.index(chosen) if chosen in tids else None
     tok = plain(text_of.get(chosen, f"#{chosen}"))
+    picked = tx["would"] if forced is not None else tx["chosen"]  # the pick's name in hovers
     if greedy:
-        title = tx["greedy_title"].format(tok=tok)
+        title = tx["greedy_title_would" if forced is not None else "greedy_title"].format(tok=tok)
         annotations.append(dict(text=tx["greedy"], x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
                                 font=dict(size=13, color="#555"), bgcolor="rgba(255,255,255,0.85)"))
         if pos is not None:
             data.append(dict(type="scatter", name="chosen", mode="markers", x=[pos], y=[cum[pos]],
                              marker=dict(symbol="star", size=14, color=ACCENT),
-                             hovertemplate=f"{tx['chosen']}: «{tok}»<extra></extra>"))
+                             hovertemplate=f"{picked}: «{tok}»<extra></extra>"))
     else:
-        title = tx["cdf_title"].format(u=u, tok=tok, p=sampling.chosen_prob)
+        title = tx["cdf_title_would" if forced is not None else "cdf_title"].format(u=u, tok=tok, p=sampling.chosen_prob)
         data.append(dict(type="scatter", name="u", mode="lines", x=[-0.5, m - 0.5], y=[u, u],
                          line=dict(color=U_COLOR, dash="dash", width=2),
                          hovertemplate=f"u = {u:.4f}<extra></extra>"))
@@ -206,17 +237,37 @@ def sampling_cdf_chart(sampling: SamplingTrace | None, lang: str = "en") -> dict
             data.append(dict(type="scatter", name="chosen", mode="markers+text", x=[pos], y=[u],
                              marker=dict(symbol="star", size=14, color=ACCENT), text=[tok],
                              textposition="middle right",
-                             hovertemplate=(f"{tx['chosen']}: «{tok}»<br>u = {u:.4f} ∈ [{base[pos]:.4f}, "
+                             hovertemplate=(f"{picked}: «{tok}»<br>u = {u:.4f} ∈ [{base[pos]:.4f}, "
                                             f"{cum[pos]:.4f})<extra></extra>")))
+    if forced is not None:
+        title = _forced_cdf(forced, tids, cum, p, data, annotations, tx) + title
     tail = 1.0 - (cum[-1] if cum else 0.0)
     if tail > 1e-4 and not greedy:
         annotations.append(dict(text=tx["tail"].format(m=tail), x=1.0, y=0.02, xref="paper", yref="paper",
                                 xanchor="right", yanchor="bottom", showarrow=False, font=dict(size=11, color="#777")))
     angle = -45 if m > 8 else 0
-    lay = layout(title, UIREV_CDF, height=360, bargap=0.3, annotations=annotations,
-                 margin=dict(l=55, r=20, t=45, b=rotated_px(10, LABEL_CHARS, angle) + 30),  # see common.LABEL_CHARS
+    lay = layout(title, UIREV_CDF, height=360 + 18 * (forced is not None), bargap=0.3, annotations=annotations,
+                 margin=dict(l=55, r=20, t=45 + 18 * (forced is not None), b=rotated_px(10, LABEL_CHARS, angle) + 30),  # see common.LABEL_CHARS
                  xaxis=dict(tickmode="array", tickvals=xs, ticktext=labels, range=[-0.6, max(m, 6) - 0.4],
                             tickfont=dict(size=10), title=dict(text=tx["draw_order"], font=dict(size=11)),
                             tickangle=angle),
                  yaxis=dict(range=[0, 1.04], title=dict(text=tx["cum"]), tickformat=".0%", gridcolor="#EEE"))
     return figure(data, lay)
+
+
+def _forced_cdf(forced: Forced, tids: list[int], cum: list[float], p: list[float], data: list, annotations: list,
+                tx: dict) -> str:
+    """A forced token on the CDF: a marker on its slice, or a note that the draw could not pick it; returns the
+    title's first line (the title's own line then tells what the draw would have sampled)."""
+    label = forced.label()
+    if forced.token in tids:
+        k = tids.index(forced.token)
+        data.append(dict(type="scatter", name="forced", mode="markers+text", x=[k], y=[cum[k] - p[k] / 2],
+                         marker=dict(symbol="diamond", size=13, color=FORCED_COLOR), text=[tx["forced_mark"]],
+                         textposition="middle right", textfont=dict(color=FORCED_COLOR, size=11),
+                         hovertemplate=f"{tx['forced']}: «{label}»<extra></extra>"))
+    else:
+        annotations.append(dict(text=tx["forced_outside"].format(tok=label), x=1.0, y=0.12, xref="paper",
+                                yref="paper", xanchor="right", yanchor="bottom", showarrow=False,
+                                font=dict(size=11, color=FORCED_COLOR)))
+    return tx["forced_title"].format(tok=label) + "<br>"

@@ -140,7 +140,10 @@ def rounds_timeline(events, seq_id: int | None = None, lang: str = "en") -> dict
                  legend=dict(orientation="h", x=0, y=-0.18, yanchor="top", font=dict(size=10)),
                  xaxis=dict(title=dict(text=tx["round"]), tickmode="array", tickvals=list(range(1, len(rounds) + 1)),
                             ticktext=[str(s) for s in ticks], range=[0.4, len(rounds) + 0.9], gridcolor="#EEE"),
-                 yaxis=dict(title=dict(text=tx["slot"]), autorange="reversed", dtick=1, gridcolor="#EEE",
+                 # position 1 at the top, by an explicit range: autorange "reversed" was lost whenever Plotly.react
+                 # drew this over the page's placeholder (same uirevision), so the axis flipped between a live
+                 # page and a replay (or a chart scrolled into view later), depending on what was drawn before
+                 yaxis=dict(title=dict(text=tx["slot"]), autorange=False, dtick=1, gridcolor="#EEE",
                             range=[max_slot + 0.5, 0.5]))
     return figure(data, lay)
 

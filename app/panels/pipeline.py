@@ -47,8 +47,8 @@ def pipeline_summary(event, lang: str = "en") -> str:
     out = f"{tx['step']} {event.step} · {work} · {event.timing.step_ms:.0f} ms"
     for key in ("preempted", "finished"):
         ids = getattr(event, key)
-        if ids:
-            out += " · " + tx[key].format(ids=", ".join(map(str, ids)))
+        if ids:  # "seq #0 finished": a bare "finished 0" read as a count of zero
+            out += " · " + tx[key if len(ids) > 1 else key + "1"].format(ids=", ".join(f"#{i}" for i in ids))
     return out
 
 

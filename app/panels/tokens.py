@@ -54,7 +54,7 @@ def chip_text(info: dict) -> str:
     return token_label(info.get("text", ""))
 
 
-def _chip_title(info: dict, pos: int, generated: bool, t: dict) -> str:
+def _chip_title(info: dict, pos: int, generated: bool, t: dict, forced: bool = False) -> str:
     bits = [f"{t['id']} {int(info['id'])}", f"{t['pos']} {pos}", f"{t['bytes']} {info.get('bytes_hex', '')}",
             f"{t['piece']} {info.get('piece', '')}"]
     if info.get("special"):
@@ -64,14 +64,16 @@ def _chip_title(info: dict, pos: int, generated: bool, t: dict) -> str:
     if info.get("partial_utf8"):
         bits.append(t["flag_partial"])
     if generated:
-        bits.append(t["flag_generated"])
+        bits.append(t["flag_forced"] if forced else t["flag_generated"])
     return " · ".join(bits)
 
 
-def token_chips_html(infos: list[dict], n_prompt: int, lang: str = "en") -> str:
+def token_chips_html(infos: list[dict], n_prompt: int, lang: str = "en", forced: set[int] = frozenset()) -> str:
     """One chip per token (engine.tokenizer.token_info records), then a counts line.
 
-    Chip: <span class="il-chip il-prompt|il-generated [il-special] [il-byte-fallback] [il-partial]"
+    `forced`: indices among the generated tokens that the user forced (detok.forced_indices): their chips get
+    il-forced and say so in their title, and the counts line counts them.
+    Chip: <span class="il-chip il-prompt|il-generated [il-forced] [il-special] [il-byte-fallback] [il-partial]"
     title="id … · pos … · bytes … · piece …" data-token-id="…" data-pos="…" [data-gen-index="…"]>
     text<sub>id</sub></span>; data-gen-index (generated chips only) is the index among the generated tokens.
     """
@@ -82,6 +84,9 @@ def token_chips_html(infos: list[dict], n_prompt: int, lang: str = "en") -> str:
     for i, info in enumerate(infos):
         generated = i >= n_prompt
         cls = ["il-chip", "il-generated" if generated else "il-prompt"]
+        is_forced = generated and (i - n_prompt) in forced
+        if is_forced:
+            cls.append("il-forced")
         if info.get("special"):
             cls.append("il-special")
         if info.get("byte_fallback"):
@@ -90,7 +95,7 @@ def token_chips_html(infos: list[dict], n_prompt: int, lang: str = "en") -> str:
             cls.append("il-partial")
         tid = int(info["id"])
         gen = f' data-gen-index="{i - n_prompt}"' if generated else ""  # the page rewinds to it on click
-        chips.append(f'<span class="{" ".join(cls)}" title="{html.escape(_chip_title(info, i, generated, t))}" '
+        chips.append(f'<span class="{" ".join(cls)}" title="{html.escape(_chip_title(info, i, generated, t, is_forced))}" '
                      f'data-token-id="{tid}" data-pos="{i}"{gen}>{markup(chip_text(info))}<sub>{tid}</sub></span>')
         try:
             data += bytes.fromhex(info.get("bytes_hex") or "")
@@ -100,6 +105,9 @@ def token_chips_html(infos: list[dict], n_prompt: int, lang: str = "en") -> str:
     n_p = min(max(0, int(n_prompt)), n)
     counts = t["counts"].format(chars=len(data.decode("utf-8", errors="replace")), nbytes=len(data), tokens=n,
                                 prompt=n_p, gen=n - n_p, bpt=len(data) / n)
+    n_forced = sum(1 for k in forced if 0 <= k < n - n_p)
+    if n_forced:
+        counts += " · " + t["forced_count"].format(n=n_forced)
     return (f'<div class="il-tokens"><div class="il-chips">{"".join(chips)}</div>'
             f'<div class="il-counts">{html.escape(counts)}</div></div>')
 
