@@ -13,7 +13,7 @@ from engine import SamplingParams
 
 from .charts.common import token_label
 from .i18n import Phrase, Refusal, lang_of, t
-from .session import MAX_STOP_CHARS, MAX_VIEW_CHARS, cap_text
+from .session import MAX_STOP_CHARS, MAX_VIEW_CHARS, cap_text, start_preemption_demo
 from .trace import ReplaySession
 
 
@@ -81,6 +81,21 @@ class Pause:  # stop a Run after its current step
 
 
 @dataclass(frozen=True)
+class Preview:
+    """The prompt box changed: panel 1 draws its template and tokens before any step (the first screen)."""
+
+    prompt: str
+    chat: bool
+    system: str | None
+
+
+@dataclass(frozen=True)
+class PreemptionDemo:
+    """One click to watch preemption: the tab gets a small engine of its own with a short and a long request
+    queued (app/session.py start_preemption_demo); Reset returns it to the shared room."""
+
+
+@dataclass(frozen=True)
 class Reset:  # forget every request and step (with a tab's Context: a fresh session)
     pass
 
@@ -112,6 +127,8 @@ def apply(session, cmd, ctx: Context | None = None) -> Outcome:
     ctx = ctx or Context()
     if isinstance(cmd, Reset):
         return _reset(session, ctx)
+    if isinstance(cmd, PreemptionDemo):
+        return _preemption_demo(ctx)
     if isinstance(cmd, Pause):
         session.pause()
         return Outcome(session)
@@ -183,8 +200,27 @@ def _what_if(s, cmd: WhatIf, ctx: Context) -> Outcome:
     return Outcome(s, value=s.what_if)
 
 
+def _preview(s, cmd: Preview, ctx: Context) -> Outcome:
+    """Keep the prompt box's preview; the page redraws only when no sequence fills the panels (changed)."""
+    if isinstance(s, ReplaySession):
+        return Outcome(s, changed=False)  # a recorded trace shows its own prompt
+    s.set_preview(cmd.prompt, cmd.chat, cmd.system)
+    return Outcome(s, changed=s.focus is None)
+
+
 _APPLY = {Step: _step, Add: _add, Force: _force, Rewind: _rewind, Branch: _branch, Focus: _focus,
-          WhatIf: _what_if}
+          WhatIf: _what_if, Preview: _preview}
+
+
+def _preemption_demo(ctx: Context) -> Outcome:
+    if ctx.registry is None or ctx.key is None:
+        raise Refusal("demo_tab_only")
+    s, pool = start_preemption_demo(ctx.registry, ctx.key, t("demo.short", ctx.lang), t("demo.long", ctx.lang))
+    if ctx.lecture is not None and ctx.lecture.is_presenter(ctx.key):
+        ctx.lecture.session = s  # the viewers follow the demo
+    a, b = s.seq_ids()
+    return Outcome(s, t("demo_started", ctx.lang).format(blocks=pool, tokens=pool * s.engine.block_size, a=a, b=b),
+                   value=(a, b))
 
 
 def _reset(s, ctx: Context) -> Outcome:

@@ -17,7 +17,7 @@ from . import protocol, render
 from .delivery import Delivery, View, status_line
 from .i18n import Refusal, lang_of, t
 from .live import Hub, Lecture
-from .session import SessionRegistry, request_key as _key
+from .session import DEMO_PARAMS, SessionRegistry, request_key as _key
 
 class LabHandlers:
     """Gradio callbacks. Every one returns a payload; errors become a message, never a traceback."""
@@ -84,6 +84,35 @@ class LabHandlers:
             return self.delivery.payload(out.session, View.parse(lang, 0, 0, "", None, visible), "")
         except Exception as exc:  # noqa: BLE001
             return self.delivery.error(exc, lang)
+
+    def preview(self, prompt, chat, system, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        """The page loaded or the prompt box changed: panel 1 draws the prompt's template and tokens before any
+        step (nothing is redrawn while a sequence fills the panels)."""
+        try:
+            if not self.holder.ready:
+                return gr.skip()  # the model's status poll previews again once it is ready
+            view = View.parse(lang, layer, head, word, npos, visible)
+            s = self._session(request)
+            out = cmd.apply(s, cmd.Preview(prompt, chat, system), self._context(lang, request))
+            if not out.changed:
+                return gr.skip()
+            with s.lock:
+                return self.delivery.payload(s, view, message=None)
+        except Exception as exc:  # noqa: BLE001
+            return self.delivery.error(exc, lang)
+
+    def preemption_demo(self, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        """One click to watch preemption: a small engine of the tab's own, a short and a long request queued;
+        the temperature and max-tokens controls show the demo's (greedy, so it plays the same every time)."""
+        try:
+            view = View.parse(lang, layer, head, word, npos, visible)
+            out = cmd.apply(self.registry.peek(_key(request)), cmd.PreemptionDemo(), self._context(lang, request))
+            self.delivery.views.of(out.session.tab_key).forget_sent()  # a new session: its page redraws all
+            params = DEMO_PARAMS
+            return (self.delivery.payload(out.session, view, out.message), gr.update(value=params.temperature),
+                    gr.update(value=params.max_tokens))
+        except Exception as exc:  # noqa: BLE001
+            return self.delivery.error(exc, lang), gr.skip(), gr.skip()
 
     def what_if(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, visible="",
                 request: gr.Request = None):

@@ -293,6 +293,23 @@ UI = {
                            "tokens (panel 1 shows them already).",
                      "ru": "Нажмите «Шаг»: первый шаг — префилл, один прямой проход по {n} токенам запроса "
                            "(они уже показаны в панели 1)."},
+    # long actions say what they are doing while they run (issue 13, item 12)
+    "progress.spec_plain": {"en": "⏳ Measuring the speed-up: run 1 of 2, plain decoding, {k} / {n} tokens… ({s} s)",
+                            "ru": "⏳ Измеряем ускорение: прогон 1 из 2, обычное декодирование, {k} / {n} "
+                                  "токенов… ({s} с)"},
+    "progress.spec_spec": {"en": "⏳ Measuring the speed-up: run 2 of 2, speculative ({method}), {k} / {n} tokens… "
+                                 "({s} s)",
+                           "ru": "⏳ Измеряем ускорение: прогон 2 из 2, спекулятивное ({method}), {k} / {n} "
+                                 "токенов… ({s} с)"},
+    "progress.export_png": {"en": "⏳ Exporting «{name}» as PNG: a headless Chromium draws it… ({s} s)",
+                            "ru": "⏳ Экспорт «{name}» в PNG: его рисует браузер без окна… ({s} с)"},
+    "progress.export_html": {"en": "⏳ Exporting «{name}» as a standalone HTML file… ({s} s)",
+                             "ru": "⏳ Экспорт «{name}» в отдельный HTML-файл… ({s} с)"},
+    "progress.trace": {"en": "⏳ Writing the trace of {n} steps…", "ru": "⏳ Записываем трассу из {n} шагов…"},
+    "preview_cyrillic": {"en": "SmolLM2-135M was trained on English: it answers Russian with mostly nonsense. "
+                               "The tokens below still show something real: Cyrillic takes more tokens per word.",
+                         "ru": "SmolLM2-135M обучена на английском: по-русски она отвечает в основном бессмыслицей. "
+                               "Но токены ниже показывают настоящее: кириллица занимает больше токенов на слово."},
     "preview_long": {"en": "The prompt is longer than {n} characters: its template and tokens are drawn at the "
                            "first Step.",
                      "ru": "Запрос длиннее {n} символов: его шаблон и токены появятся после первого «Шага»."},

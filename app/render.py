@@ -16,9 +16,9 @@ from .charts import attention, detok, embeddings, kv_cache, logits, room, sampli
 from .charts.common import empty
 from .i18n import PANEL_KEYS, Refusal, t
 from .panels import kv as kv_panel
-from .panels import pipeline, stream
+from .panels import pipeline, queue, stream
 from .panels import tokens as token_panels
-from .session import LabView
+from .session import MAX_PREVIEW_CHARS, LabView
 
 CHART_IDS = ["chart-bytes", "chart-pca", "chart-neighbours", "chart-attention", "chart-heads", "chart-entropy",
              "chart-lens", "chart-logits", "chart-perplexity", "chart-sampling", "chart-cdf", "chart-detok",
@@ -46,6 +46,7 @@ PANEL_HTML = {
     "template": ["html-template", "html-tokens", "html-bpe"],
     "detok": ["html-stream"],
     "kv": ["html-kv-formula"],
+    "timeline": ["html-queue"],
     "room": ["html-room-log"],
 }
 
@@ -126,16 +127,23 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     if what_if is not None and not message:
         htmls["html-message"] = message_html(t("whatif", lang), "whatif")
 
+    me = getattr(s, "room_me", None)  # this tab's owner label (a replay reads it off its events)
+    htmls["html-queue"] = figs.draw(lambda: _queue(s, lang), lambda: "")
     sid = s.focus if s.focus is not None and s.has_seq(s.focus) else None
     if sid is None:
+        preview = getattr(s, "preview", None)
         hint = t("idle", lang)
+        if preview is not None and preview.token_ids:  # the first screen: the prompt box before any step
+            hint = t("preview_hint", lang).format(n=len(preview.token_ids))
         for cid in CHART_IDS:
             figs.put(cid, lambda: empty("", hint, cid))
         for key in ("html-template", "html-tokens", "html-bpe", "html-stream", "html-kv-formula"):
             htmls[key] = ""
+        if preview is not None:
+            _preview(s, preview, lang, word, figs, htmls, failed)
         if last is not None:
             figs.put("chart-kv-pool", lambda: kv_cache.block_pool_chart(last, lang))
-            figs.put("chart-timeline", lambda: timeline.timeline_chart(events, lang))
+            figs.put("chart-timeline", lambda: timeline.timeline_chart(events, lang, me))
         _room(s, lang, figs, htmls, failed)  # the room's steps show while this tab has nothing of its own
         return {"figs": dict(figs), "html": htmls}
 
@@ -153,16 +161,7 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     htmls["html-tokens"] = figs.draw(lambda: token_panels.token_chips_html(
         infos, n_prompt, lang, forced=detok.forced_indices(events, sid)), lambda: failed)
     figs.put("chart-bytes", lambda: tokens.bytes_per_token_chart(infos, n_prompt, lang))
-    word = (word or "").strip() or _default_word(req.prompt)
-    try:
-        summary = t("bpe_summary", lang).format(word=word)
-        # folded by default: the trace is long and would push every other panel down
-        entry = s.bpe(word)  # its ValueError is the message shown below
-        merges = figs.draw(lambda: token_panels.bpe_merges_html(entry, lang), lambda: failed)
-        htmls["html-bpe"] = (f'<details class="il-bpe-box"><summary>{html.escape(summary)}</summary>'
-                             f'{merges}</details>')
-    except (ValueError, NotImplementedError) as exc:  # a multi-pre-token word, a non-BPE tokenizer, a replay
-        htmls["html-bpe"] = message_html(exc.text(lang) if isinstance(exc, Refusal) else str(exc), "warn")
+    htmls["html-bpe"] = _bpe_html(s, (word or "").strip() or _default_word(req.prompt), lang, figs, failed)
 
     # 2 · embeddings
     figs.put("chart-pca", lambda: embeddings.embedding_pca(events, sid, texts, lang))
@@ -206,7 +205,7 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
         for cid in ("chart-kv-pool", "chart-kv-tables", "chart-kv-memory"):
             figs.put(cid, lambda: empty("", t("idle", lang), cid))
         htmls["html-kv-formula"] = ""
-    figs.put("chart-timeline", lambda: timeline.timeline_chart(events, lang))
+    figs.put("chart-timeline", lambda: timeline.timeline_chart(events, lang, me))
     figs.put("chart-latency", lambda: timeline.latency_table(events, lang))
     machine = machine or {}
     if machine.get("bandwidth") and machine.get("peak_flops"):
@@ -227,6 +226,49 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     # 10 · the room: the shared engine's steps, everyone's sequences
     _room(s, lang, figs, htmls, failed)
     return {"figs": dict(figs), "html": htmls}
+
+
+def _queue(s: LabView, lang: str) -> str:
+    """Where this tab's unfinished sequences stand now (a live session only: a replay shows what was recorded)."""
+    states = getattr(s, "queue_states", None)
+    if states is None:
+        return ""
+    own_pool = s.engine.kv_stats().num_blocks if getattr(s, "own_room", False) else None
+    return queue.queue_html(states(), lang, own_pool)
+
+
+def _preview(s, preview, lang: str, word: str, figs: _Lazy, htmls: dict, failed: str) -> None:
+    """Panel 1 before any step: the prompt box's chat template, its tokens and their bytes, the BPE trace of its
+    longest word, and the nearest embeddings of its last token (none of it needs a model step)."""
+    if preview.too_long:
+        htmls["html-template"] = message_html(t("preview_long", lang).format(n=MAX_PREVIEW_CHARS), "info")
+        return
+    infos = figs.draw(lambda: s.preview_infos(), lambda: [])
+    n = len(infos)
+    htmls["html-template"] = figs.draw(lambda: token_panels.template_html(preview.text, list(preview.spans), lang),
+                                       lambda: failed)
+    if any("\u0400" <= ch <= "\u04ff" for ch in preview.prompt):  # the small model's limits, said before a step
+        htmls["html-template"] = message_html(t("preview_cyrillic", lang), "info") + htmls["html-template"]
+    htmls["html-tokens"] = figs.draw(lambda: token_panels.token_chips_html(infos, n, lang), lambda: failed)
+    figs.put("chart-bytes", lambda: tokens.bytes_per_token_chart(infos, n, lang))
+    htmls["html-bpe"] = _bpe_html(s, (word or "").strip() or _default_word(preview.prompt), lang, figs, failed)
+    words = [i for i in infos if not i.get("special") and i.get("text", "").strip()]
+    if words:  # the prompt's longest token (its neighbours say more than the template's closing newline's)
+        tok = max(words, key=lambda i: len(i["text"].strip()))
+        figs.put("chart-neighbours", lambda: embeddings.neighbours_chart(s.nearest(int(tok["id"]), 10),
+                                                                          tok["text"], lang))
+
+
+def _bpe_html(s, word: str, lang: str, figs: _Lazy, failed: str) -> str:
+    """The BPE merge trace of `word`, folded (it is long and would push every other panel down)."""
+    try:
+        summary = t("bpe_summary", lang).format(word=word)
+        entry = s.bpe(word)  # its ValueError is the message shown instead
+        merges = figs.draw(lambda: token_panels.bpe_merges_html(entry, lang), lambda: failed)
+        return (f'<details class="il-bpe-box"><summary>{html.escape(summary)}</summary>'
+                f'{merges}</details>')
+    except (ValueError, NotImplementedError) as exc:  # a multi-pre-token word, a non-BPE tokenizer, a replay
+        return message_html(exc.text(lang) if isinstance(exc, Refusal) else str(exc), "warn")
 
 
 def _room(s: LabView, lang: str, figs: _Lazy, htmls: dict, failed: str) -> None:

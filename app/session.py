@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import math
 import logging
 import secrets
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from engine import Capture, Engine, SamplingParams, StepEvent
@@ -40,6 +41,10 @@ MAX_VIEW_CHARS = 8192  # the view state lab.js writes (chart ids in view)
 # events lose their captures first (their charts say so). Twenty tabs hold at most twenty times this.
 SESSION_CAPTURE_BYTES = 64 * 1024 * 1024
 MAX_BPE_CACHE = 64
+# The first screen draws the prompt box's template and tokens before any step (LabSession.set_preview), again
+# whenever the box changes: a prompt up to this long is previewed (tokenizing it takes a few ms; a longer one
+# is drawn by its first Step, as before)
+MAX_PREVIEW_CHARS = 4000
 # Socket tickets held at once: a page load gets one even before (or without) a session, e.g. when the lab is
 # full; a client calling the page-load event in a loop must not grow the table without end.
 MAX_TICKETS = 4096
@@ -55,6 +60,20 @@ def cap_text(name: str, value, limit: int) -> str:
     if len(value) > limit:
         raise Refusal("text_long", name=Phrase(f"name.{name}"), n=len(value), limit=limit)
     return value
+
+
+@dataclass(frozen=True)
+class PromptPreview:
+    """The prompt box as the model would read it, before any step: the template applied and the token ids
+    (what panel 1 draws on the first screen). `too_long`: the box held more than MAX_PREVIEW_CHARS."""
+
+    prompt: str
+    chat: bool
+    system: str | None
+    text: str = ""
+    spans: tuple = ()
+    token_ids: tuple = ()
+    too_long: bool = False
 
 
 @dataclass
@@ -137,6 +156,8 @@ class LabSession:
     # and each engine read waits for a running step; a view only changes with a step or this tab's own command
     views_cache: dict = field(default_factory=dict)
     edits: int = 0
+    preview: PromptPreview | None = None  # the prompt box before any step (the first screen's panel 1)
+    own_room: bool = False  # this tab runs in a room of its own (the preemption demo); closed with the session
 
     @classmethod
     def create(cls, base: "Engine | Room", kv_memory: int | None = None, kind: str = "tab") -> "LabSession":
@@ -240,6 +261,8 @@ class LabSession:
     def close(self) -> None:
         self.reset()
         self.room.leave(self.owner)
+        if self.own_room:  # nobody else is in it: its loop thread and KV pool go now
+            self.room.close()
         self.bpe_cache.clear()
         self.sent_figs.clear()
         self.sent_html.clear()
@@ -400,6 +423,43 @@ class LabSession:
         """Wait, briefly, while the room's engine runs Python (Room.page_turn); render.py calls it per chart."""
         self.room.page_turn()
 
+    # ---- the first screen: the prompt box before any step ------------------------------------------------
+    def set_preview(self, prompt, chat: bool, system) -> PromptPreview:
+        """Keep the prompt box's template and tokens for the panels to draw before any step. Capped before any
+        tokenizer work; the box is whatever a visitor typed."""
+        prompt = cap_text("prompt", prompt, MAX_PROMPT_CHARS)
+        system = cap_text("system", system, MAX_SYSTEM_CHARS)
+        chat = bool(chat)
+        system = system if (chat and system and system.strip()) else None
+        if len(prompt) + len(system or "") > MAX_PREVIEW_CHARS:
+            self.preview = PromptPreview(prompt[:80], chat, None, too_long=True)
+        elif not prompt.strip():
+            self.preview = None
+        else:
+            r = render_prompt(self.engine.tokenizer, prompt, chat=chat, system=system)
+            self.preview = PromptPreview(prompt, chat, system, r.text, tuple(r.spans), tuple(r.token_ids))
+        return self.preview
+
+    def preview_infos(self) -> list[dict]:
+        """The previewed prompt's tokens as the token panels read them (bytes, text, special)."""
+        p = self.preview
+        return token_info(self.engine.tokenizer, list(p.token_ids)) if p is not None else []
+
+    def queue_states(self) -> dict[int, dict]:
+        """Each unfinished sequence of this tab: {"state": "running" | "waiting" | "preempted", "ahead": requests
+        admitted before it (waiting ones), "preemptions": how often its KV was taken back}."""
+        out = {}
+        for sid in self.seq_ids():
+            v = self.seq_view(sid)
+            if v.finished:
+                continue
+            if v.status != "waiting":
+                out[sid] = {"state": "running", "ahead": 0, "preemptions": v.preemptions}
+            else:
+                out[sid] = {"state": "preempted" if v.preemptions else "waiting",
+                            "ahead": self.engine.queue_position(sid) or 0, "preemptions": v.preemptions}
+        return out
+
     # ---- the room view (app/charts/room.py) -----------------------------------------------------------
     @property
     def room_records(self) -> list[dict]:
@@ -438,17 +498,56 @@ ROOM_KV_MEMORY = 512 * 1024 * 1024
 ROOM_MAX_BATCH = 32  # sequences in one engine step: a room of twenty tabs steps together
 
 
-def new_room(base: Engine, kv_memory: int | None = None, limits: RoomLimits | None = None) -> Room:
+def new_room(base: Engine, kv_memory: int | None = None, limits: RoomLimits | None = None,
+             max_batched_tokens: int | None = None) -> Room:
     """A room: a new engine on `base`'s weights with a KV pool of its own, instrumented the way the lab shows.
 
     The lab shows everything: attention of every layer and head, a 5-deep logit lens, norms, embeddings, for
     the sequences their owners focus on. Attention is kept within a per-step budget (the last query rows that
     fit; the charts say so): a long prompt's prefill would otherwise keep 30 layers x 9 heads x T x T floats
     (+1.6 GB at 1,400 tokens)."""
-    eng = base.session(kv_memory=kv_memory or ROOM_KV_MEMORY, max_num_seqs=ROOM_MAX_BATCH)
+    extra = {} if max_batched_tokens is None else {"max_num_batched_tokens": max_batched_tokens}
+    eng = base.session(kv_memory=kv_memory or ROOM_KV_MEMORY, max_num_seqs=ROOM_MAX_BATCH, **extra)
     eng.instrument = Capture(lens_top_k=5, lens_max_positions=16, max_attention_bytes=ATTENTION_BUDGET)
     eng.capture_seq_ids = set()
     return Room(eng, limits)
+
+
+# ---- the preemption demo (one click: app/commands.py PreemptionDemo) -------------------------------------------
+# The shared pool is sized for a room (~11,600 tokens): one tab never fills it. The demo gives the tab an engine
+# of its own whose pool holds the two prompts and nothing more, a short request and a long one, greedy so it plays
+# the same every time. The short one is older; as the two answers grow, the first block either needs is taken
+# from the newest, the long one: its blocks are freed, it waits at the head of the queue, and it is recomputed
+# when the short one has finished. A step's budget of DEMO_BUDGET tokens prefills the long prompt in chunks
+# beside the short one's decodes (mixed steps).
+DEMO_BUDGET = 64
+DEMO_PARAMS = SamplingParams(max_tokens=40, temperature=0.0, seed=0)  # the short request (the page's sliders too)
+DEMO_LONG_MAX_TOKENS = 48
+
+
+def demo_pool_blocks(short_len: int, long_len: int, block_size: int) -> int:
+    """The demo's pool: exactly both prompts' blocks, and at least what each request alone may grow to (so
+    each can always finish once the other has; the engine refuses a request that could never fit)."""
+    def blocks(n):
+        return math.ceil(n / block_size)
+
+    return max(blocks(short_len) + blocks(long_len), blocks(short_len + DEMO_PARAMS.max_tokens),
+               blocks(long_len + DEMO_LONG_MAX_TOKENS))
+
+
+def start_preemption_demo(registry: "SessionRegistry", key: str, short: str, long: str) -> tuple[LabSession, int]:
+    """The tab's fresh session in a small room of its own, with the short and the long request queued (the
+    short one in focus). Returns the session and the pool's size in blocks."""
+    base = registry.base
+    if base is None:
+        raise RuntimeError("the model is still loading")
+    lens = [len(render_prompt(base.tokenizer, p).token_ids) for p in (short, long)]
+    pool = demo_pool_blocks(*lens, base.block_size)
+    s = registry.renew_alone(key, pool, DEMO_BUDGET)
+    first = s.add_request(short, DEMO_PARAMS, True, None)
+    s.add_request(long, replace(DEMO_PARAMS, max_tokens=DEMO_LONG_MAX_TOKENS), True, None)
+    s.focus = first
+    return s, pool
 
 
 def request_key(request) -> str:
@@ -596,6 +695,33 @@ class SessionRegistry:
         fresh = self.get(key)
         if old is not None:
             fresh.speculative = old.speculative
+            fresh.preview = getattr(old, "preview", None)  # the prompt box did not change: the first screen again
+        return fresh
+
+    def renew_alone(self, key: str, kv_blocks: int, max_batched_tokens: int) -> LabSession:
+        """A fresh session for the tab in a room of its own: an engine on the shared weights whose KV pool holds
+        `kv_blocks` blocks and whose steps take at most `max_batched_tokens` tokens (the preemption demo: the
+        shared pool is far too big to run out). Reset brings the tab back to the shared room."""
+        if self.base is None:
+            raise RuntimeError("the model is still loading")
+        block_bytes = self.base.block_size * self.base.kv_bytes_per_token
+        # the pool is the tab's alone and meant to run out: each of its sequences may reserve all of it
+        limits = RoomLimits(max_blocks_per_owner=kv_blocks * RoomLimits.max_seqs_per_owner)
+        room = new_room(self.base, kv_blocks * block_bytes, limits, max_batched_tokens)
+        fresh = LabSession.create(room)
+        fresh.own_room = True
+        with self._lock:
+            if key in self._closed or (key not in self.sessions and len(self.sessions) >= self.max_sessions):
+                fresh.close()
+                raise SessionClosed() if key in self._closed else LabFull(self.max_sessions)
+            old = self.sessions.pop(key, None)
+            self.sessions[key] = fresh
+            fresh.tab_key = key
+        if old is not None:
+            fresh.speculative = old.speculative
+            old.close()
+            self._freed = True
+        self.on_create(key)
         return fresh
 
     def drop(self, key: str) -> None:

@@ -30,6 +30,7 @@ HIDDEN = "il-hidden"  # rendered but hidden with CSS: Gradio drops invisible com
 # each language is named in itself, so a reader finds theirs whichever language the page is in
 LANG_CHOICES = [("English", "en"), ("Русский", "ru")]
 CALC_INPUTS = ("model", "dtype", "context", "batch", "gpu", "alpha", "k", "draft_cost")
+DEFAULT_PROMPT = "What is gravity?"
 SPEC_METHODS = ("ngram", "early_exit", "draft")  # engine.SpeculativeConfig's methods, named by "spec_method.<m>"
 
 
@@ -89,7 +90,7 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
     with gr.Blocks(title="InferLab", delete_cache=(300, 900)) as demo:
         c = SimpleNamespace()
         _header(c)
-        with gr.Row():
+        with gr.Row(elem_classes="il-layout"):  # narrow windows stack the columns (static/lab.css)
             with gr.Column(scale=1, min_width=300, elem_classes="il-controls"):
                 _tour_box(c)
                 _request_controls(c)
@@ -138,7 +139,9 @@ def _tour_box(c) -> None:
 
 
 def _request_controls(c) -> None:
-    c.prompt = gr.Textbox(value="Что такое гравитация?", label=t("prompt", "en"), lines=3, elem_id="prompt")
+    # English by default: SmolLM2-135M was trained on English and answers it sensibly at the default T = 0.7 (every
+    # seed tried); its Russian answers are mostly nonsense at any temperature (the preview says so for Cyrillic)
+    c.prompt = gr.Textbox(value=DEFAULT_PROMPT, label=t("prompt", "en"), lines=3, elem_id="prompt")
     c.examples = gr.Dataset(components=[c.prompt], samples=[[e] for e in EXAMPLES["en"] + EXAMPLES["ru"][:2]],
                             label=t("examples", "en"), elem_id="examples")
     c.chat = gr.Checkbox(value=True, label=t("chat", "en"), elem_id="chat")
@@ -149,6 +152,7 @@ def _request_controls(c) -> None:
         c.pause_btn = gr.Button(t("pause", "en"), elem_id=IDS["pause"])
         c.reset_btn = gr.Button(t("reset", "en"), variant="stop", elem_id="reset")
     c.add_btn = gr.Button(t("add", "en"), elem_id="add_request", size="sm")
+    c.demo_btn = gr.Button(t("demo_preempt", "en"), elem_id="preempt_demo", size="sm")
 
 
 def _speculative_box(c) -> None:
@@ -221,7 +225,8 @@ def _trace_box(c) -> None:
 
 def _calculators(c) -> None:
     """The whiteboard calculators: their own inputs, charts drawn by lab.js like every panel's."""
-    with gr.Group(elem_id="panel-calculators", elem_classes="il-calc"):
+    # a Column, not a Group: Gradio writes a Group's elem_id on two nested divs (the page's ids must be unique)
+    with gr.Column(elem_id="panel-calculators", elem_classes="il-calc"):
         c.calc_head = gr.HTML(calc_header_html("en"), elem_id="calc-head")
         cc, d = calc.choices("en", None, None), calc.DEFAULTS
 
@@ -273,6 +278,12 @@ def _wire_engine(c, h: LabHandlers) -> None:
     run_ev = c.run_btn.click(h.run, full, c.payload, show_progress="hidden", concurrency_limit=None)
     c.pause_btn.click(h.pause, None, None, cancels=[run_ev], queue=False)
     c.add_btn.click(h.add, full, c.payload, show_progress="hidden")
+    c.demo_btn.click(h.preemption_demo, c.view, [c.payload, c.temperature, c.max_tokens], cancels=[run_ev],
+                     show_progress="hidden")
+    # the first screen teaches before any step: the prompt box's template and tokens, redrawn as it changes
+    for ctl in (c.prompt, c.chat, c.system):
+        ctl.change(h.preview, [c.prompt, c.chat, c.system, *c.view], c.payload, trigger_mode="always_last",
+                   show_progress="hidden")
     c.reset_btn.click(h.reset, [c.lang, c.visible], c.payload, cancels=[run_ev])
     for slider in (c.temperature, c.top_k, c.top_p, c.min_p, c.rep, c.freq, c.pres):
         slider.change(h.what_if, [*c.sampling, c.lang, c.visible], c.payload, trigger_mode="always_last",
@@ -308,14 +319,15 @@ def _wire_tools(c, tools: ToolHandlers) -> None:
     for btn, fn in ((c.tour_start, tools.tour_start), (c.tour_next, tools.tour_next),
                     (c.tour_back, tools.tour_back)):
         btn.click(fn, tour_inputs, [c.payload, c.tour_box], show_progress="hidden")
-    c.trace_export.click(tools.export_trace, c.lang, [c.download, c.payload])
+    c.trace_export.click(tools.export_trace_live, c.lang, [c.download, c.payload])
     c.trace_load.upload(tools.load_trace, [c.trace_load, *c.view], c.payload)
-    c.export_btn.click(tools.export_chart, [c.export_chart, c.export_fmt, c.lang, c.layer, c.head, c.word, c.npos],
+    c.export_btn.click(tools.export_chart_live,
+                       [c.export_chart, c.export_fmt, c.lang, c.layer, c.head, c.word, c.npos],
                        [c.download, c.payload])
     spec_inputs = [c.spec_on, c.spec_method, c.spec_k, c.spec_exit, c.spec_adaptive, c.lang]
     for ctl in (c.spec_on, c.spec_method, c.spec_adaptive, c.spec_k, c.spec_exit):
         ctl.change(tools.spec_settings, spec_inputs, c.payload, show_progress="hidden", trigger_mode="always_last")
-    c.spec_measure.click(tools.spec_measure, c.view, c.payload)
+    c.spec_measure.click(tools.spec_measure_live, c.view, c.payload)  # its status line says how far it is
     calc_inputs = [*c.calc_inputs, c.lang, c.visible]
     for ctl in (c.c_model, c.c_dtype, c.c_gpu):
         ctl.input(tools.calculators, calc_inputs, c.payload, show_progress="hidden")
@@ -340,6 +352,7 @@ def _wire_language(c, h: LabHandlers, tools: ToolHandlers) -> None:
               (c.rewind_n, "label", "rewind"), (c.branch, "label", "branch_btn"), (c.word, "label", "word"),
               (c.npos, "label", "neighbour"), (c.step_btn, "value", "step"), (c.run_btn, "value", "run"),
               (c.pause_btn, "value", "pause"), (c.reset_btn, "value", "reset"), (c.add_btn, "value", "add"),
+              (c.demo_btn, "value", "demo_preempt"),
               (c.force_btn, "value", "force_btn"), (c.rewind_btn, "value", "rewind_btn"),
               (c.lecture_box, "label", "lecture"), (c.token, "label", "token"), (c.present_btn, "value", "present"),
               (c.unpresent_btn, "value", "unpresent"), (c.spec_acc, "label", "spec_box"),
@@ -371,8 +384,12 @@ def _wire_language(c, h: LabHandlers, tools: ToolHandlers) -> None:
 
 def _wire_page(demo, c, h: LabHandlers, tools: ToolHandlers, registry: SessionRegistry) -> None:
     """Page load and unload: the model's status, the socket ticket, the calculators once the model is known."""
-    c.timer.tick(h.status, c.lang, [c.status, c.timer, c.layer, c.head], show_progress="hidden")
+    preview = [c.prompt, c.chat, c.system, *c.view]
+    # the status poll's last tick comes when the model is ready: the first screen's preview then
+    c.timer.tick(h.status, c.lang, [c.status, c.timer, c.layer, c.head], show_progress="hidden").then(
+        h.preview, preview, c.payload, show_progress="hidden")
     demo.load(h.status, c.lang, [c.status, c.timer, c.layer, c.head])
+    demo.load(h.preview, preview, c.payload, show_progress="hidden")
     demo.load(h.hello, c.lang, [c.ticket, c.payload], show_progress="hidden", api_name="hello").then(
         None, c.ticket, None, js="(t) => { if (window.inferlab && t) window.inferlab.connect(t); return []; }")
     # the calculators once the model and this machine's numbers are known (the loaded model joins the list)

@@ -31,6 +31,50 @@ MAX_TRACE_BYTES = 64 * 1024 * 1024  # an uploaded trace file (app/trace.py also 
 # time in the whole server, and short, so no visitor's measurement holds everyone else's steps for long.
 MEASURE_TOKENS = 32
 _measuring = threading.Lock()
+PROGRESS_EVERY_S = 0.5  # a long action's status line is redrawn this often
+
+
+class _Watched:
+    """The engine a speed comparison runs on, seen from outside: compare_with_plain starts each of its runs
+    (plain, then speculative) as a fresh session of the engine, recorded here so the page can say how far it is."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.runs = []
+
+    def session(self, **overrides):
+        run = self.engine.session(**overrides)
+        self.runs.append(run)
+        return run
+
+    def progress(self) -> tuple[int, int]:
+        """(runs started, tokens the current run has generated)."""
+        if not self.runs:
+            return 0, 0
+        run = self.runs[-1]
+        made = [len(run.seq_view(sid).output_ids) for sid in run.seq_ids()]
+        return len(self.runs), max(made, default=0)
+
+
+def _last(items):
+    """The last item a long action's generator yields: its result."""
+    out = None
+    for out in items:
+        pass
+    return out
+
+
+def _in_background(work, done) -> threading.Thread:
+    """`work()` on a thread of its own, its result or exception in dict `done`."""
+    def go():
+        try:
+            done["value"] = work()
+        except Exception as exc:  # noqa: BLE001 - handed to the handler, which shows it as a message
+            done["error"] = exc
+
+    th = threading.Thread(target=go, daemon=True, name="inferlab-long-action")
+    th.start()
+    return th
 
 
 class ToolHandlers:
@@ -44,17 +88,30 @@ class ToolHandlers:
         return _key(request)
 
     # ---- trace export / replay --------------------------------------------------------------------
+    # Long actions are generators for the page (the status line says what runs, then the result comes); the plain
+    # methods return the result alone (scripts, tests)
     def export_trace(self, lang, request: gr.Request = None):
+        return _last(self.export_trace_live(lang, request))
+
+    def export_chart(self, chart_id, fmt, lang, layer, head, word, npos, request: gr.Request = None):
+        return _last(self.export_chart_live(chart_id, fmt, lang, layer, head, word, npos, request))
+
+    def spec_measure(self, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        return _last(self.spec_measure_live(lang, layer, head, word, npos, visible, request))
+
+    def export_trace_live(self, lang, request: gr.Request = None):
+        """The status line says what is being written, then the download appears."""
         try:
             s = self.lab._session(request)
+            if not s.events:
+                raise Refusal("trace_empty")
+            yield gr.skip(), self.out.message(t("progress.trace", lang).format(n=len(s.events)))
             with s.lock:
-                if not s.events:
-                    raise Refusal("trace_empty")
                 doc = export_trace(s)
             directory = self.lab.registry.downloads(self._key(request)).folder()
-            return str(save_trace(doc, directory)), self.out.message(t("trace_saved", lang))
+            yield str(save_trace(doc, directory)), self.out.message(t("trace_saved", lang))
         except Exception as exc:  # noqa: BLE001
-            return None, self.out.error(exc, lang)
+            yield None, self.out.error(exc, lang)
 
     def load_trace(self, file, lang, layer, head, word, npos, visible, request: gr.Request = None):
         try:
@@ -77,20 +134,32 @@ class ToolHandlers:
         except Exception as exc:  # noqa: BLE001
             return self.out.error(exc, lang)
 
-    def export_chart(self, chart_id, fmt, lang, layer, head, word, npos, request: gr.Request = None):
+    def export_chart_live(self, chart_id, fmt, lang, layer, head, word, npos, request: gr.Request = None):
+        """A PNG takes seconds (kaleido starts a Chromium to draw it), so the status line says so
+        and counts the seconds until the download appears."""
         try:
             if chart_id not in render.CHART_IDS:
                 raise Refusal("export_pick")
+            if fmt not in ("png", "html"):
+                raise Refusal("bad_format")
             s = self.lab._session(request)
             view = View.parse(lang, layer, head, word, npos)
             with s.lock:
                 p = render.build_payload(s, *view.args, self.lab.holder.machine, None, None, only={chart_id})
-            if fmt not in ("png", "html"):
-                raise Refusal("bad_format")
-            path = chart_file(p["figs"], chart_id, fmt, self.lab.registry.downloads(self._key(request)).folder())
-            return str(path), self.out.message(t("export_done", lang).format(name=path.name))
+            folder = self.lab.registry.downloads(self._key(request)).folder()
+            name = t(f"chart_name.{chart_id}", lang)
+            done, start = {}, time.monotonic()
+            worker = _in_background(lambda: chart_file(p["figs"], chart_id, fmt, folder), done)
+            while worker.is_alive():
+                line = t(f"progress.export_{fmt}", lang).format(name=name, s=int(time.monotonic() - start))
+                yield gr.skip(), self.out.message(line)
+                worker.join(PROGRESS_EVERY_S)
+            if "error" in done:
+                raise done["error"]
+            path = done["value"]
+            yield str(path), self.out.message(t("export_done", lang).format(name=path.name))
         except Exception as exc:  # noqa: BLE001
-            return None, self.out.error(exc, lang)
+            yield None, self.out.error(exc, lang)
 
     # ---- speculative decoding ---------------------------------------------------------------------
     def spec_settings(self, on, method, k, exit_layer, adaptive, lang, request: gr.Request = None):
@@ -111,8 +180,11 @@ class ToolHandlers:
         except Exception as exc:  # noqa: BLE001
             return self.out.error(exc, lang)
 
-    def spec_measure(self, lang, layer, head, word, npos, visible, request: gr.Request = None):
-        """Run the focused request's prompt plain and with the chosen drafter in fresh sessions; tok/s of each."""
+    def spec_measure_live(self, lang, layer, head, word, npos, visible, request: gr.Request = None):
+        """Run the focused request's prompt plain and with the chosen drafter in fresh sessions; tok/s of each.
+
+        The two runs take seconds (~30 s on a busy 2-core machine), so the status line says which
+        run is going and how many of its tokens are done, every PROGRESS_EVERY_S, until the result."""
         try:
             view = View.parse(lang, layer, head, word, npos, visible)
             s = self.lab._session(request)
@@ -126,18 +198,32 @@ class ToolHandlers:
             params = s.focus_view().params
             if not _measuring.acquire(blocking=False):
                 raise Refusal("spec_busy")
-            try:
-                cmp = compare_with_plain(s.engine, req.token_ids, params, s.speculative,
-                                         max_tokens=min(MEASURE_TOKENS, params.max_tokens))
-            finally:
-                _measuring.release()
+            n = min(MEASURE_TOKENS, params.max_tokens)
+            watched, cfg, done, start = _Watched(s.engine), s.speculative, {}, time.monotonic()
+
+            def measure():
+                try:  # released here, not by the handler: a page closed mid-way must not free it early
+                    return compare_with_plain(watched, req.token_ids, params, cfg, max_tokens=n)
+                finally:
+                    _measuring.release()
+
+            worker = _in_background(measure, done)
+            while worker.is_alive():
+                run, made = watched.progress()
+                line = t("progress.spec_spec" if run > 1 else "progress.spec_plain", lang)
+                yield self.out.message(line.format(k=min(made, n), n=n, method=t(f"spec_method.{cfg.method}", lang),
+                                                   s=int(time.monotonic() - start)))
+                worker.join(PROGRESS_EVERY_S)
+            if "error" in done:
+                raise done["error"]
+            cmp = done["value"]
             s.spec_comparison = cmp
             msg = t("spec_measured", lang).format(spec=cmp["speculative"]["tok_s"] or 0,
                                                   plain=cmp["plain"]["tok_s"] or 0, x=cmp["speedup"] or 0,
                                                   same=cmp["same_tokens"])
-            return self.out.payload(s, view, msg)
+            yield self.out.payload(s, view, msg)
         except Exception as exc:  # noqa: BLE001
-            return self.out.error(exc, lang)
+            yield self.out.error(exc, lang)
 
     # ---- calculators ------------------------------------------------------------------------------
     def live_preset(self):

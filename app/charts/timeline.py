@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from .common import GREY, empty, figure, fmt_si, layout
+from .common import BAR, GREY, empty, figure, fmt_si, layout, legend_key, seq_color
 from ..i18n import t, texts
 
 UIREV_TIMELINE = "chart-timeline"
@@ -15,6 +15,7 @@ UIREV_LATENCY = "chart-latency"
 UIREV_ROOFLINE = "chart-roofline"
 KIND_COLORS = {"prefill": "#6A51A3", "decode": "#2CA02C", "mixed": "#FF7F0E", "idle": GREY}
 ROOF_COLOR = "#444444"
+HATCH, HOLLOW = "▨", "□"
 
 
 def _t(lang: str) -> dict:
@@ -48,35 +49,172 @@ def _step_hover(event, tx: dict) -> str:
     tm = event.timing
     lines.append(f"{tx['forward']} {tm.forward_ms:.1f} ms · {tx['sample']} "
                  f"{tm.sample_ms:.1f} ms · {tx['schedule']} {tm.schedule_ms:.2f} ms")
-    for key in ("admitted", "preempted", "finished"):
+    for key in ("admitted", "preempted", "finished", "waiting"):
         ids = getattr(event, key)
         if ids:
             lines.append(f"{tx[key]}: {', '.join(map(str, ids))}")
     return "<br>".join(lines)
 
 
-def timeline_chart(events, lang: str = "en") -> dict:
-    """One bar per step: x = step index, y = timing.step_ms, colour = prefill / decode / mixed / idle."""
+# ---- who was in each step -------------------------------------------------------------------------------
+# A step's batch is drawn as one unit-high segment per sequence (the bar's height is the batch size), coloured
+# by sequence; a prefill chunk is hatched, a decode solid, and the number inside is the tokens it processed.
+# The waiting queue sits on top as hollow segments, and a preemption is a red cross over its step.
+OTHER_COLOR = "#D9D9D9"  # another tab's sequence in the same engine step (the room batches everyone)
+PREEMPT_COLOR = "#D62728"
+PHASE_PATTERN = {"prefill": "/", "decode": "", "verify": "x"}
+
+
+def my_owner(events) -> str | None:
+    """The owner whose share these events are (StepEvent.for_owner keeps only its sequences' records); None
+    when no sequence of its own ran yet (then every sequence an event names is treated as its own)."""
+    for e in events:
+        for s in e.seqs:
+            if s.seq_id in e.owners:
+                return e.owners[s.seq_id]
+    return None
+
+
+def _mine(event, seq_id: int, me: str | None) -> bool:
+    if me is None or not event.owners:
+        return True
+    return event.owners.get(seq_id, me) == me
+
+
+def batch_segments(event, me: str | None = None) -> list[dict]:
+    """The step's batch, one dict per sequence: seq_id, mine, phase ("prefill", "decode", or "verify" for a
+    speculative round), tokens (processed this step), emitted, start (first position, own sequences only).
+
+    From `event.batch` (the whole batch, every owner's, in brief); an event without it (a trace from before the
+    room) from its own sequences."""
+    own = {s.seq_id: s for s in event.seqs}
+    rows = event.batch or [{"seq_id": s.seq_id, "phase": s.phase, "num_processed": s.num_processed,
+                            "num_drafted": 0 if s.spec is None else s.spec.num_drafted,
+                            "num_emitted": int(s.new_token is not None)} for s in event.seqs]
+    out = []
+    for b in rows:
+        sid = int(b["seq_id"])
+        s = own.get(sid)
+        out.append(dict(seq_id=sid, mine=_mine(event, sid, me), tokens=int(b["num_processed"]),
+                        phase="verify" if b.get("num_drafted") else b["phase"], emitted=int(b.get("num_emitted", 0)),
+                        start=None if s is None else s.chunk_start))
+    out.sort(key=lambda r: (not r["mine"], r["seq_id"]))  # this tab's own first, at the bottom of the bar
+    return out
+
+
+def _segment_hover(seg: dict, step: int, tx: dict) -> str:
+    who = f"{tx['seq']} #{seg['seq_id']}" if seg["mine"] else tx["other_tab"]
+    what = tx["phase_" + seg["phase"]]
+    line = f"<b>{who}</b> · {tx['step']} {step}<br>{what}: {seg['tokens']} {tx['tok']}"
+    if seg["start"] is not None and seg["tokens"]:
+        a, b = seg["start"], seg["start"] + seg["tokens"] - 1
+        line += f" [{a}–{b}]" if b > a else f" [{a}]"
+    if seg["phase"] == "prefill" and not seg["emitted"]:
+        line += f"<br>{tx['chunk_more']}"
+    return line
+
+
+def _waiting_hover(sid: int, mine: bool, ahead: int, preempted: bool, step: int, tx: dict) -> str:
+    who = f"{tx['seq']} #{sid}" if mine else tx["other_tab"]
+    line = f"<b>{who}</b> · {tx['step']} {step}<br>" + tx["waits"].format(n=ahead)
+    if preempted:
+        line += "<br>" + tx["preempt_why"]
+    return line
+
+
+def _composition(events, me, tx) -> tuple[dict, dict, dict, int]:
+    """The batch, waiting and preemption traces of the upper plot, and the tallest stack."""
+    bx, by, base, color, pattern, text, hover = [], [], [], [], [], [], []
+    wx, wbase, wline, whover = [], [], [], []
+    px, py, ptext, phover = [], [], [], []
+    top = 1
+    for e in events:
+        segs = batch_segments(e, me)
+        for i, seg in enumerate(segs):
+            bx.append(e.step)
+            base.append(i)
+            color.append(seq_color(seg["seq_id"]) if seg["mine"] else OTHER_COLOR)
+            pattern.append(PHASE_PATTERN.get(seg["phase"], ""))
+            text.append(str(seg["tokens"]))
+            hover.append(_segment_hover(seg, e.step, tx))
+        preempted = set(e.preempted)
+        for j, sid in enumerate(e.waiting):  # in queue order: j requests are ahead of this one
+            mine = _mine(e, sid, me)
+            wx.append(e.step)
+            wbase.append(len(segs) + j)
+            wline.append(seq_color(sid) if mine else "#999999")
+            whover.append(_waiting_hover(sid, mine, j, sid in preempted, e.step, tx))
+        height = len(segs) + len(e.waiting)
+        top = max(top, height)
+        if e.preempted:
+            px.append(e.step)
+            py.append(height + 0.45)
+            names = ", ".join(f"#{sid}" for sid in e.preempted)
+            ptext.append(f"{tx['preempted_short']} {names}")
+            phover.append(f"<b>{tx['step']} {e.step}</b> · {tx['preempted']}: {names}<br>{tx['preempt_why']}")
+    batch = dict(type="bar", name="batch", x=bx, y=[1] * len(bx), base=base, yaxis="y2", width=0.8,
+                 showlegend=False, text=text, textposition="inside", insidetextanchor="middle",
+                 textfont=dict(size=10, color="#111"),
+                 marker=dict(color=color, line=dict(color="#FFFFFF", width=0.5),
+                             pattern=dict(shape=pattern, fgcolor="#FFFFFF", size=6, solidity=0.3)),
+                 customdata=hover, hovertemplate="%{customdata}<extra></extra>")
+    waiting = dict(type="bar", name="waiting", x=wx, y=[1] * len(wx), base=wbase, yaxis="y2", width=0.8,
+                   showlegend=False, marker=dict(color="rgba(255,255,255,0)", line=dict(color=wline, width=1.5)),
+                   customdata=whover, hovertemplate="%{customdata}<extra></extra>")
+    preempt = dict(type="scatter", name="preempted", mode="markers+text", x=px, y=py, yaxis="y2",
+                   showlegend=False, text=ptext, textposition="top center",
+                   textfont=dict(size=10, color=PREEMPT_COLOR),
+                   marker=dict(symbol="x", size=11, color=PREEMPT_COLOR),
+                   customdata=phover, hovertemplate="%{customdata}<extra></extra>")
+    return batch, waiting, preempt, top
+
+
+def _key_rows(events, me, tx) -> list[list[tuple[str, str, str]]]:
+    mine = sorted({seg["seq_id"] for e in events for seg in batch_segments(e, me) if seg["mine"]}
+                  | {sid for e in events for sid in e.waiting if _mine(e, sid, me)})
+    others = any(not seg["mine"] for e in events for seg in batch_segments(e, me))
+    seqs = [(BAR, seq_color(sid), f"{tx['seq']} #{sid}") for sid in mine[:8]]
+    if others:
+        seqs.append((BAR, OTHER_COLOR, tx["other_tabs"]))
+    marks = [(HATCH, "#555", tx["phase_prefill"]), (BAR, "#555", tx["phase_decode"]),
+             (HOLLOW, "#777", tx["waiting"])]
+    if any(e.preempted for e in events):
+        marks.append(("✕", PREEMPT_COLOR, tx["preempted"]))
+    kinds = [(BAR, KIND_COLORS[k], tx["kinds"][k] + " " + tx["step_word"]) for k in ("prefill", "decode", "mixed")
+             if any(step_kind(e) == k for e in events)]
+    return [r for r in (seqs, marks, kinds) if r]
+
+
+def timeline_chart(events, lang: str = "en", me: str | None = None) -> dict:
+    """Two plots over the same steps. Above, who was in each step: one segment per sequence (this tab's own in
+    their colours, other tabs' grey), prefill chunks hatched with their token count, the waiting queue as hollow
+    segments on top, preemptions as red crosses. Below, trace "steps": one bar per step, y = timing.step_ms,
+    colour = prefill / decode / mixed / idle. `me`: this tab's owner label (default: read off the events)."""
     tx = _t(lang)
     events = list(events or [])
     if not events:
         return empty(tx["timeline"], tx["no_steps"], UIREV_TIMELINE)
+    me = me if me is not None else my_owner(events)
     kinds = [step_kind(e) for e in events]
     xs = [e.step for e in events]
     ys = [float(e.timing.step_ms) for e in events]
-    data = [dict(type="bar", name="steps", x=xs, y=ys, showlegend=False,
+    steps = dict(type="bar", name="steps", x=xs, y=ys, showlegend=False, width=0.8,
                  marker=dict(color=[KIND_COLORS[k] for k in kinds]),
                  customdata=[_step_hover(e, tx) for e in events],
-                 hovertemplate="%{customdata}<br>" + tx["step_ms"] + "<extra></extra>")]
-    for k in ("prefill", "decode", "mixed"):
-        if k in kinds:
-            data.append(_legend(tx["kinds"][k], KIND_COLORS[k]))
-    lay = layout(tx["timeline_title"], UIREV_TIMELINE, showlegend=True, height=290, bargap=0.15,
-                 margin=dict(l=55, r=20, t=60, b=45),
-                 legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom", font=dict(size=11)),
-                 xaxis=dict(title=dict(text=tx["step"]), tickformat="d", gridcolor="#EEE"),
-                 yaxis=dict(title=dict(text=tx["ms"]), rangemode="tozero", gridcolor="#EEE"))
-    return figure(data, lay)
+                 hovertemplate="%{customdata}<br>" + tx["step_ms"] + "<extra></extra>")
+    batch, waiting, preempt, top = _composition(events, me, tx)
+    rows = _key_rows(events, me, tx)
+    key_h = 16 * len(rows)
+    few = max(xs) - min(xs) <= 16
+    lay = layout(tx["timeline_title"], UIREV_TIMELINE, height=400 + key_h, barmode="overlay", bargap=0.15,
+                 margin=dict(l=55, r=20, t=44 + key_h, b=45), annotations=[legend_key(rows)],
+                 uniformtext=dict(minsize=8, mode="hide"),
+                 xaxis=dict(title=dict(text=tx["step"]), tickformat="d", gridcolor="#EEE", dtick=1 if few else None,
+                            range=[min(xs) - 0.6, max(xs) + 0.6]),
+                 yaxis=dict(title=dict(text=tx["ms_short"]), domain=[0, 0.3], rangemode="tozero", gridcolor="#EEE"),
+                 yaxis2=dict(title=dict(text=tx["in_step"]), domain=[0.38, 1], range=[0, top + 1.2],
+                             dtick=1 if top <= 10 else None, gridcolor="#EEE"))
+    return figure([steps, batch, waiting, preempt], lay)
 
 
 def latency_rows(events) -> list[dict]:
