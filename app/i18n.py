@@ -1021,8 +1021,8 @@ UI = {
                          "токенов / проход", "формула", "те же id"]},
     # app/charts/timeline.py
     "timeline.timeline": {"en": "Step timeline", "ru": "Шкала шагов"},
-    "timeline.timeline_title": {"en": "Step timeline: who was in each engine step, and how long it took",
-                                "ru": "Шкала шагов: кто был в каждом шаге движка и сколько он длился"},
+    "timeline.timeline_title": {"en": "Each engine step: its batch, its time",
+                                "ru": "Каждый шаг движка: его батч и время"},
     "timeline.no_steps": {"en": "Step the engine to see the timeline.", "ru": "Сделайте шаг, чтобы увидеть шкалу."},
     "timeline.step": {"en": "step", "ru": "шаг"},
     "timeline.ms": {"en": "step time (ms)", "ru": "время шага (мс)"},

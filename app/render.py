@@ -252,8 +252,10 @@ def _preview(s, preview, lang: str, word: str, figs: _Lazy, htmls: dict, failed:
     htmls["html-tokens"] = figs.draw(lambda: token_panels.token_chips_html(infos, n, lang), lambda: failed)
     figs.put("chart-bytes", lambda: tokens.bytes_per_token_chart(infos, n, lang))
     htmls["html-bpe"] = _bpe_html(s, (word or "").strip() or _default_word(preview.prompt), lang, figs, failed)
-    words = [i for i in infos if not i.get("special") and i.get("text", "").strip()]
-    if words:  # the prompt's longest token (its neighbours say more than the template's closing newline's)
+    # the longest token of the visitor's own words (its neighbours say more than the template's newline's)
+    words = [i for i in infos if not i.get("special") and i.get("text", "").strip()
+             and i["text"].strip() in preview.prompt] or [i for i in infos if not i.get("special")]
+    if words:
         tok = max(words, key=lambda i: len(i["text"].strip()))
         figs.put("chart-neighbours", lambda: embeddings.neighbours_chart(s.nearest(int(tok["id"]), 10),
                                                                           tok["text"], lang))
