@@ -626,6 +626,12 @@ UI = {
                       "ru": "Выполнено шагов движка: {done}; все последовательности завершены."},
     "tour_note.nothing": {"en": "Nothing left to run: every sequence has finished.",
                           "ru": "Делать больше нечего: все последовательности завершены."},
+    "tour_note.speculate": {"en": "Started «{p}» with an early-exit drafter (the first {layer} layers, k = {k}) at "
+                                  "temperature 0 and ran {done} engine step(s); your own speculative setting is "
+                                  "unchanged.",
+                            "ru": "Запущен запрос «{p}» с черновиком раннего выхода (первые {layer} слоёв, k = {k}) "
+                                  "при температуре 0; выполнено шагов движка: {done}. Ваша настройка "
+                                  "спекулятивного декодирования не изменилась."},
     # ---- the charts and panels (app/charts/*, app/panels/*): one section per module ----
     # app/charts/attention.py
     "attn.attn_title": {"en": "Attention · layer {layer}, head {head}",
@@ -904,7 +910,7 @@ UI = {
                               "ru": "Жадно: «{tok}» (температура 0: argmax, без розыгрыша)"},
     "sampling.cum": {"en": "cumulative probability", "ru": "накопленная вероятность"},
     "sampling.draw_order": {"en": "surviving tokens in draw order (most probable first)",
-                            "ru": "оставшиеся токены в порядке розыгрыша (самые вероятные первыми)"},
+                            "ru": "оставшиеся токены по порядку розыгрыша (вероятные первыми)"},
     "sampling.tail": {"en": "{m:.1%} of the mass lies in untracked tokens",
                       "ru": "{m:.1%} массы приходится на неотслеживаемые токены"},
     "sampling.chosen": {"en": "chosen", "ru": "выбран"},
@@ -1072,7 +1078,7 @@ UI = {
     "timeline.step_ms": {"en": "step %{y:.1f} ms", "ru": "шаг %{y:.1f} мс"},
     "timeline.forward_ms": {"en": "forward %{customdata[2]:.1f} ms", "ru": "прямой проход %{customdata[2]:.1f} мс"},
     # the timeline's batch composition (issue 13, item 7)
-    "timeline.in_step": {"en": "sequences in the step", "ru": "последовательности в шаге"},
+    "timeline.in_step": {"en": "sequences in the step", "ru": "последоват. в шаге"},
     "timeline.ms_short": {"en": "ms", "ru": "мс"},
     "timeline.step_word": {"en": "step", "ru": "шаг"},
     "timeline.waiting": {"en": "waiting", "ru": "ждут"},

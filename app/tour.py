@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import SamplingParams
+from engine import SamplingParams, SpeculativeConfig
 
 from .commands import Add, Request, Reset, Step, apply
 from .i18n import Phrase
@@ -22,7 +22,8 @@ LANGS = ("en", "ru")
 # Panels that are not in render.PANEL_CHARTS because they have no live-event charts of their own there
 # (speculative: its own panel; calculators: app.calculators).
 EXTRA_PANELS = ("speculative", "calculators")
-ACTIONS = ("none", "start", "step", "add_request", "run_until_done")
+ACTIONS = ("none", "start", "step", "add_request", "run_until_done", "speculate")
+SPEC_K = 4  # drafts per round in the tour's speculative step
 # Short answers keep the tour brisk on a CPU; the story needs ~11 tokens before the second request arrives.
 TOUR_MAX_TOKENS = 16
 MAX_STEPS_PER_ACTION = 64
@@ -95,11 +96,12 @@ def _check_action(where: str, a) -> dict:
     t = a["type"]
     allowed = {"none": {"type"}, "start": {"type", "prompt", "chat", "system", "max_tokens"},
                "step": {"type", "count"}, "add_request": {"type", "prompt", "chat", "system", "max_tokens"},
-               "run_until_done": {"type"}}[t]
+               "run_until_done": {"type"},
+               "speculate": {"type", "prompt", "chat", "system", "max_tokens", "count"}}[t]
     extra = set(a) - allowed
     if extra:
         raise ValueError(f"{where}: unexpected field(s) {sorted(extra)} in a {t!r} action")
-    if t in ("start", "add_request"):
+    if t in ("start", "add_request", "speculate"):
         if not isinstance(a.get("prompt"), str) or not a["prompt"].strip():
             raise ValueError(f"{where}: a {t!r} action needs a non-empty 'prompt'")
         if not isinstance(a.get("chat", True), bool):
@@ -109,7 +111,7 @@ def _check_action(where: str, a) -> dict:
         mt = a.get("max_tokens", TOUR_MAX_TOKENS)
         if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
             raise ValueError(f"{where}: 'max_tokens' must be a positive integer")
-    if t == "step":
+    if t in ("step", "speculate"):
         n = a.get("count")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_STEPS_PER_ACTION:
             raise ValueError(f"{where}: 'count' must be an integer from 1 to {MAX_STEPS_PER_ACTION}")
@@ -160,4 +162,23 @@ def run_action(step: TourStep, session: LabSession, params: SamplingParams | Non
         if t == "run_until_done":
             done = len(apply(session, Step(count=RUN_UNTIL_DONE_LIMIT)).value)
             return Phrase("tour_note.run", {"done": done}) if done else Phrase("tour_note.nothing")
+        if t == "speculate":
+            return _speculate(a, session, params)
     raise ValueError(f"unknown tour action {t!r}")  # load_tour rejects these; a hand-made TourStep may not
+
+
+def _speculate(a: dict, session: LabSession, params: SamplingParams | None) -> Phrase:
+    """A request that drafts with the model's own first layers but one (early exit), stepped `count` times, so
+    the speculative panel shows real rounds when the tour talks about them. Greedy: the drafter and the model
+    then agree often, not always, and the rounds show both accepted and rejected drafts. The tab's own
+    speculative setting (its checkbox) is put back afterwards."""
+    layer = session.num_layers - 1
+    p = dataclasses.replace(tour_params(params, a.get("max_tokens", TOUR_MAX_TOKENS)), temperature=0.0)
+    saved = session.speculative
+    session.speculative = SpeculativeConfig("early_exit", num_tokens=SPEC_K, exit_layer=layer)
+    try:
+        apply(session, Add(Request(a["prompt"], a.get("chat", True), a.get("system"), p), focus=True))
+    finally:
+        session.speculative = saved
+    done = len(apply(session, Step(count=a["count"])).value)
+    return Phrase("tour_note.speculate", {"p": a["prompt"], "layer": layer, "k": SPEC_K, "done": done})

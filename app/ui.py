@@ -215,10 +215,10 @@ def _trace_box(c) -> None:
             c.trace_export = gr.Button(t("trace_export", "en"), elem_id="trace_export", size="sm")
             c.trace_load = gr.UploadButton(t("trace_load", "en"), file_types=[".json", ".gz"], elem_id="trace_load",
                                            size="sm")
-        with gr.Row():
-            c.export_chart = gr.Dropdown(chart_names("en"), value="chart-logits", label=t("chart", "en"),
-                                         elem_id="export_chart")
-            c.export_fmt = gr.Radio(["png", "html"], value="png", label=t("format", "en"), elem_id="export_fmt")
+        # the chart's name takes the column's width (beside the format it was cut: "Логиты и веро")
+        c.export_chart = gr.Dropdown(chart_names("en"), value="chart-logits", label=t("chart", "en"),
+                                     elem_id="export_chart")
+        c.export_fmt = gr.Radio(["png", "html"], value="png", label=t("format", "en"), elem_id="export_fmt")
         c.export_btn = gr.Button(t("export_btn", "en"), elem_id="export_btn", size="sm")
         c.download = gr.File(label=t("download", "en"), elem_id="download", interactive=False)
 

@@ -68,6 +68,9 @@
     if (!fig || !el || !window.Plotly) return;
     delete state.pending[id];
     const t0 = performance.now();
+    // the container takes the figure's own height: on a window resize Plotly's responsive mode sizes the chart
+    // to its container, and a tall figure (the sampling chain) was squashed to the container's minimum
+    el.style.height = fig.layout && fig.layout.height ? fig.layout.height + "px" : "";
     window.Plotly.react(el, fig.data, fig.layout, CONFIG);
     state.timings[id] = performance.now() - t0;
     state.drawn[id] = (state.drawn[id] || 0) + 1;

@@ -121,7 +121,7 @@ def live(base_engine):
 # ---- helpers over figures ----------------------------------------------------------------------------------
 
 def _title(fig):
-    return fig["layout"]["title"]["text"]
+    return fig["layout"]["title"]["text"].replace("<br>", " ")  # titles wrap (common.TITLE_CHARS)
 
 
 def _note(fig):

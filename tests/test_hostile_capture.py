@@ -190,7 +190,7 @@ def test_heatmap_draws_the_kept_rows_and_says_what_was_kept(runs):
             np.testing.assert_allclose(z[p - lo, : p + 1 - lo], kept[p][lo: p + 1], atol=5.1e-5)
         else:
             assert np.isnan(z[p - lo]).all()
-    title = fig["layout"]["title"]["text"]
+    title = fig["layout"]["title"]["text"].replace("<br>", " ")  # titles wrap (common.TITLE_CHARS)
     assert f"attention kept for the last {len(shown)} of the 256 positions shown" in title
     assert f"{256 - len(shown)} over the capture budget (24 MiB a step)" in title
     assert fig["layout"]["margin"]["t"] == 40 + 2 * A.SUBTITLE_PX
@@ -205,7 +205,8 @@ def test_heatmap_draws_the_kept_rows_and_says_what_was_kept(runs):
 def test_grid_and_entropy_under_the_budget(runs):
     evs, rid, texts = runs["events"], runs["rid"], runs["texts"]
     grid = A.attention_heads_grid(evs, rid, LAYER, texts, max_positions=32)
-    assert "attention kept for the last 18 of the 32 positions shown" in grid["layout"]["title"]["text"]
+    assert "attention kept for the last 18 of the 32 positions shown" in grid["layout"]["title"]["text"].replace(
+        "<br>", " ")
     n = 32
     z = z_of(grid)
     m, _ = A.attention_matrix(evs, rid, LAYER, HEAD)
@@ -235,9 +236,9 @@ def test_dropped_captures_say_not_kept(runs):
     assert freed == attention_bytes(evs[-1].seq(rid).capture) and last.capture_nbytes() == held - freed
     assert last.seq(rid).capture.attention == {} and last.seq(rid).capture.dropped == ["attention"]
     assert last.seq(rid).drop_capture() == 0  # twice is harmless
-    title = A.attention_heatmap(copies, rid, LAYER, HEAD, texts)["layout"]["title"]["text"]
+    title = A.attention_heatmap(copies, rid, LAYER, HEAD, texts)["layout"]["title"]["text"].replace("<br>", " ")
     assert "1 freed later (capture budget)" in title and "the last 17 of the 256" not in title
-    ent = A.head_entropy_chart(copies, rid)["layout"]["title"]["text"]
+    ent = A.head_entropy_chart(copies, rid)["layout"]["title"]["text"].replace("<br>", " ")
     assert "attention of the 1 newer positions not kept (capture budget)" in ent
     # drop everything of every step: placeholders say why, the embeddings chart too
     for ev in copies:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from .common import FREE, GREY, empty, figure, fmt_bytes, fmt_int, fmt_num, fmt_si, layout
+from .common import (ABOVE_PLOT, BAR, FREE, GREY, KEY_CHARS, KEY_ROW, LINE, empty, figure, fmt_bytes, fmt_int,
+                     fmt_num, fmt_si, key_rows, layout, legend_key)
 from ..i18n import t, texts
 
 UIREV_KV = "chart-calc-kv"
@@ -56,13 +57,20 @@ def _log_range(lo: float, hi: float, pad: float = 1.6) -> list[float]:
     return [math.log10(lo / pad), math.log10(hi * pad)]
 
 
-def _legend(name: str, color: str, symbol: str = "square") -> dict:
-    return dict(type="scatter", mode="markers", x=[None], y=[None], name=name, showlegend=True, hoverinfo="skip",
-                marker=dict(symbol=symbol, size=11, color=color))
+def _key(items: list[tuple[str, str, str]], left: int, chars: int = KEY_CHARS) -> tuple[dict, int]:
+    """A key above the plot, under the title, from the left margin's axis title on (`left`: the margin's width),
+    and the top margin it needs. A Plotly legend there wrapped by the chart's width and grew into the title; a
+    key's rows are fixed (common.key_rows)."""
+    rows = key_rows(items, chars)
+    key = legend_key(rows, x=0, xanchor="left", xshift=22 - left, align="left")
+    return key, ABOVE_PLOT + KEY_ROW * len(rows) + 6
 
 
-def _top_legend(**extra) -> dict:
-    return dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom", font=dict(size=11), **extra)
+def _two_lines(label: str) -> str:
+    """A long device or model name as two tick-label lines, its parenthesis on the second: turned by the axis,
+    the whole name ran off the chart's left edge."""
+    head, sep, tail = label.partition(" (")
+    return f"{head}<br>({tail}" if sep and len(label) > 16 else label
 
 
 # ---- (a) KV bytes per token / per sequence -----------------------------------------------------------------
@@ -86,7 +94,7 @@ def kv_chart(models: list[dict], dtypes: list[dict], context: int, batch: int = 
                                        seq=fmt_bytes(y * context, lang), ctx=fmt_int(context, lang),
                                        batch=fmt_bytes(y * context * batch, lang), b=batch)
                  for m, y in zip(models, ys)]
-        data.append(dict(type="bar", name=d["label"], x=labels, y=ys, customdata=hover, showlegend=True,
+        data.append(dict(type="bar", name=d["label"], x=labels, y=ys, customdata=hover,
                          marker=dict(color=DTYPE_COLORS.get(d["id"], GREY),
                                      line=dict(color=["#222" if m.get("selected") else "rgba(0,0,0,0)"
                                                       for m in models], width=1.5)),
@@ -100,9 +108,11 @@ def kv_chart(models: list[dict], dtypes: list[dict], context: int, batch: int = 
     # An invisible trace on the right axis: plotly.js draws an overlaying axis only when a trace uses it.
     data.append(dict(type="scatter", mode="markers", x=[labels[0]], y=[10 ** y2r[0]], yaxis="y2", showlegend=False,
                      hoverinfo="skip", marker=dict(opacity=0, size=1)))
-    lay = layout(tx["kv_title"].format(ctx=fmt_int(context, lang)), UIREV_KV, showlegend=True, height=380,
-                 barmode="group", bargap=0.25, margin=dict(l=75, r=85, t=70, b=90), legend=_top_legend(),
-                 xaxis=dict(tickangle=-20, automargin=True),
+    key, top = _key([(BAR, DTYPE_COLORS.get(d["id"], GREY), d["label"]) for d in dtypes], 75)
+    lay = layout(tx["kv_title"].format(ctx=fmt_int(context, lang)), UIREV_KV, height=380 + top - 44,
+                 barmode="group", bargap=0.25, margin=dict(l=75, r=85, t=top, b=90), annotations=[key],
+                 xaxis=dict(tickangle=-30, automargin=True, tickmode="array", tickvals=labels,
+                            ticktext=[_two_lines(x) for x in labels]),
                  yaxis=dict(type="log", range=yr, title=dict(text=tx["per_token"]), tickvals=tv, ticktext=tt,
                             gridcolor="#EEE"),
                  yaxis2=dict(type="log", range=y2r, overlaying="y", side="right", tickvals=tv2, ticktext=tt2,
@@ -141,7 +151,7 @@ def fit_chart(rows: list[dict], model: str, dtype: str, context: int, reserve_fr
              ("unused", tx["unused"], unused)]
     data = []
     for key, name, xs in parts:
-        trace = dict(type="bar", orientation="h", name=name, y=ys, x=[v / gib for v in xs], showlegend=True,
+        trace = dict(type="bar", orientation="h", name=name, y=ys, x=[v / gib for v in xs],
                      marker=dict(color=MEM_COLORS[key], line=dict(color="white", width=0.5)),
                      hovertext=hover, hovertemplate="%{hovertext}<extra></extra>")
         if key == "kv":
@@ -150,7 +160,7 @@ def fit_chart(rows: list[dict], model: str, dtype: str, context: int, reserve_fr
     # Weights that exceed the device: draw the overflow past the capacity line in red.
     over = [max(0.0, r["weight_bytes"] - r["memory_bytes"]) / gib for r in rows]
     if any(over):
-        data.append(dict(type="bar", orientation="h", name=tx["no_fit"], y=ys, x=over, showlegend=True,
+        data.append(dict(type="bar", orientation="h", name=tx["no_fit"], y=ys, x=over,
                          marker=dict(color="#E45756", pattern=dict(shape="/")), hovertext=hover,
                          hovertemplate="%{hovertext}<extra></extra>"))
     ends = [max(r["memory_bytes"], r["weight_bytes"]) / gib for r in rows]
@@ -162,10 +172,10 @@ def fit_chart(rows: list[dict], model: str, dtype: str, context: int, reserve_fr
                      x=[r["memory_bytes"] / gib for r in rows], showlegend=False, hoverinfo="skip",
                      marker=dict(symbol="line-ns", size=22, line=dict(width=2.5, color="#222"))))
     xmax = max(ends) * 1.35
-    lay = layout(title, UIREV_FIT, showlegend=True, barmode="stack", height=max(300, 150 + 46 * len(rows)),
-                 margin=dict(l=150, r=20, t=40, b=110),
-                 legend=dict(orientation="h", x=0, xanchor="left", y=-0.16, yanchor="top", font=dict(size=11),
-                             traceorder="normal"),
+    items = [(BAR, MEM_COLORS[key], name) for key, name, _ in parts] + [(BAR, "#E45756", tx["no_fit"])] * any(over)
+    key, top = _key(items, 150)
+    lay = layout(title, UIREV_FIT, barmode="stack", height=max(300, 100 + 46 * len(rows)) + top,
+                 margin=dict(l=150, r=20, t=top, b=50), annotations=[key],
                  xaxis=dict(title=dict(text=tx["gib"]), range=[0, xmax], gridcolor="#EEE"),
                  yaxis=dict(autorange="reversed", automargin=True))
     return figure(data, lay)
@@ -196,18 +206,20 @@ def step_chart(rows: list[dict], dtypes: list[dict], context: int, batch: int, l
                                         bw=fmt_si(r["bandwidth"], "B/s", lang), t=fmt_seconds(c["seconds"], lang),
                                         tps=fmt_num(1.0 / c["seconds"], lang))
             hover.append(h if c["fits"] else h + f"<br><i>{tx['no_room']}</i>")
-        data.append(dict(type="bar", name=d["label"], x=xs, y=ms, customdata=hover, showlegend=True,
+        data.append(dict(type="bar", name=d["label"], x=xs, y=ms, customdata=hover,
                          text=[fmt_num(v, lang) for v in ms], textposition="outside", textfont=dict(size=9),
                          marker=dict(color=DTYPE_COLORS.get(d["id"], GREY),
                                      opacity=[1.0 if c["fits"] else 0.45 for c in cells],
                                      pattern=dict(shape=["" if c["fits"] else "/" for c in cells])),
                          hovertemplate="%{customdata}<extra></extra>"))
+    items = [(BAR, DTYPE_COLORS.get(d["id"], GREY), d["label"]) for d in dtypes]
     if any(not r["per_dtype"][d["id"]]["fits"] for r in rows for d in dtypes):
-        data.append(dict(type="bar", name=tx["no_room"], x=[None], y=[None], showlegend=True, hoverinfo="skip",
-                         marker=dict(color="#FFFFFF", line=dict(color="#888", width=1), pattern=dict(shape="/"))))
-    lay = layout(title, UIREV_STEP, showlegend=True, barmode="group", bargap=0.2, height=380,
-                 margin=dict(l=65, r=20, t=70, b=70), legend=_top_legend(),
-                 xaxis=dict(tickangle=-15, automargin=True),
+        items.append(("▨", "#888", tx["no_room"]))
+    key, top = _key(items, 85)
+    # a left margin wide enough for the first device's name, turned by the axis, beside the axis title
+    lay = layout(title, UIREV_STEP, barmode="group", bargap=0.2, height=380 + top - 70,
+                 margin=dict(l=85, r=20, t=top, b=70), annotations=[key],
+                 xaxis=dict(tickangle=-30, automargin=True),
                  yaxis=dict(type="log", title=dict(text=tx["ms"]), range=_log_range(min(all_ms), max(all_ms), 2.5),
                             gridcolor="#EEE"))
     return figure(data, lay)
@@ -249,7 +261,7 @@ def roofline_chart(device: dict, points: list[dict], dtype: str, lang: str = "en
         data.append(dict(type="scatter", name=tx["decode_dtypes"], mode="markers+text",
                          x=[p["intensity"] for p in dtype_points], y=[p["attainable"] for p in dtype_points],
                          text=[p.get("short", "") for p in dtype_points], textposition="bottom center",
-                         textfont=dict(size=10, color="#555"), showlegend=True,
+                         textfont=dict(size=10, color="#555"),
                          marker=dict(size=9, symbol="circle-open", color=KIND_COLORS["decode"], line=dict(width=2)),
                          customdata=[hover(p) for p in dtype_points], hovertemplate="%{customdata}<extra></extra>"))
     data.append(dict(type="scatter", name="points", mode="markers+text", x=[p["intensity"] for p in points],
@@ -262,11 +274,13 @@ def roofline_chart(device: dict, points: list[dict], dtype: str, lang: str = "en
                         text=tx["ridge"].format(r=fmt_num(ridge, lang)), showarrow=True, arrowhead=2, ax=0, ay=-28,
                         font=dict(size=11))]
     ymin = min(roof_y[0], min(p["attainable"] for p in pts)) / 3
-    lay = layout(title, UIREV_ROOF, showlegend=bool(dtype_points), height=380, annotations=annotations,
-                 margin=dict(l=65, r=20, t=70, b=45), legend=_top_legend(),
+    key, top = _key([("○", KIND_COLORS["decode"], tx["decode_dtypes"])] if dtype_points else [], 65)
+    lay = layout(title, UIREV_ROOF, height=380, annotations=annotations + [key] * bool(dtype_points),
+                 margin=dict(l=65, r=20, t=max(top, 50), b=45),
                  xaxis=dict(type="log", title=dict(text=tx["x"]), range=[math.log10(lo), math.log10(hi)],
                             gridcolor="#EEE"),
-                 yaxis=dict(type="log", title=dict(text=tx["y"]), range=[math.log10(ymin), math.log10(pf * 4)],
+                 # room above the roof for the ridge's label, under the key
+                 yaxis=dict(type="log", title=dict(text=tx["y"]), range=[math.log10(ymin), math.log10(pf * 8)],
                             gridcolor="#EEE", exponentformat="SI"))
     return figure(data, lay)
 
@@ -289,12 +303,12 @@ def spec_chart(alphas: list[float], ks: list[int], speedup: list[list[float]], e
         row = speedup[ks.index(kk)]
         chosen = kk == k
         data.append(dict(type="scatter", mode="lines", name=tx["line_k"].format(k=kk), x=alphas, y=row,
-                         showlegend=True, xaxis="x", yaxis="y",
+                         xaxis="x", yaxis="y",
                          line=dict(color=K_COLORS[-1] if chosen else K_COLORS[n % (len(K_COLORS) - 1)],
                                    width=3.5 if chosen else 1.8),
                          hovertemplate=tx["spec_hover"].replace("{k}", str(kk))))
     data.append(dict(type="scatter", mode="lines", name=tx["e_line"].format(k=k), x=alphas, y=expected,
-                     showlegend=True, xaxis="x", yaxis="y", line=dict(color=K_COLORS[-1], width=1.5, dash="dash"),
+                     xaxis="x", yaxis="y", line=dict(color=K_COLORS[-1], width=1.5, dash="dash"),
                      hovertemplate="α = %{x:.2f}<br>E = %{y:.3f}<extra></extra>"))
     data.append(dict(type="scatter", mode="lines", name=tx["breakeven"], x=[alphas[0], alphas[-1]], y=[1, 1],
                      showlegend=False, xaxis="x", yaxis="y", hoverinfo="skip",
@@ -318,8 +332,10 @@ def spec_chart(alphas: list[float], ks: list[int], speedup: list[list[float]], e
                      showlegend=False, hoverinfo="skip",
                      marker=dict(size=12, symbol="x", color="#111", line=dict(width=1))))
     ymax = max(max(max(r) for r in speedup), max(expected)) * 1.08
-    lay = layout(title, UIREV_SPEC, showlegend=True, height=400, margin=dict(l=60, r=40, t=80, b=50),
-                 legend=_top_legend(),
+    items = [(LINE, K_COLORS[-1] if kk == k else K_COLORS[n % (len(K_COLORS) - 1)], tx["line_k"].format(k=kk))
+             for n, kk in enumerate(line_ks)] + [("╌", K_COLORS[-1], tx["e_line"].format(k=k))]
+    key, top = _key(items, 60, chars=KEY_CHARS * 3 // 2)  # the chart spans the calculators' width
+    lay = layout(title, UIREV_SPEC, height=400 + top - 80, margin=dict(l=60, r=40, t=top, b=50), annotations=[key],
                  xaxis=dict(domain=[0, 0.47], title=dict(text=tx["alpha"]), range=[alphas[0], alphas[-1]],
                             gridcolor="#EEE"),
                  yaxis=dict(title=dict(text=tx["speedup"]), range=[0, ymax], gridcolor="#EEE"),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import textwrap
 from typing import Any
 
@@ -78,11 +79,54 @@ TEMPLATE = {"layout": {"xaxis": _ALLOW, "yaxis": _ALLOW, "coloraxis": {"colorbar
             "data": {"heatmap": [{"colorbar": _ALLOW}]}}
 
 
+# A title is one line of text that Plotly neither wraps nor measures against the chart's width: a long one ran
+# off the chart or under its legend. Titles are wrapped here, at a fixed number of characters that fits the
+# narrowest chart static/lab.css lays out (~410 px; a chart that spans its panel: ~700 px), and the top margin
+# grows by a line for each line added; the title sits at the top of the figure, so what a chart draws above
+# its plot area (legend keys, stage headers) keeps the room the chart gave it below the title.
+TITLE_CHARS = 46
+WIDE_TITLE_CHARS = 76
+WIDE_CHARTS = frozenset({"chart-bytes", "chart-heads", "chart-lens", "chart-detok", "chart-kv-pool",
+                         "chart-latency", "chart-room-batch", "chart-room-pool", "chart-calc-spec"})
+TITLE_TOP = 5  # px above the title's first line
+TITLE_LINE = 18  # px a line of the 14 px title takes
+# Plotly sets a one-line title's first baseline 0.7 em below its anchor, and a title of several lines' first
+# baseline at the anchor: the anchor moves down by as much, so both start TITLE_TOP px from the top
+_CAP_SHIFT = {False: 3, True: 13}
+_NOT_IN_TAG = re.compile(r" (?![^<]*>)")  # a space outside "<...>" (Plotly's pseudo-HTML tags hold spaces)
+_TAG = re.compile(r"<[^>]*>")
+
+
+def _visible_len(text: str) -> int:
+    return len(html.unescape(_TAG.sub("", text)))
+
+
+def wrap_title(title: str, chars: int = TITLE_CHARS) -> tuple[str, int]:
+    """The title broken into lines of at most `chars` visible characters, at spaces (a <sub> line, drawn
+    smaller, holds more); and how many lines the wrapping added."""
+    lines, added = [], 0
+    for part in (title or "").split("<br>"):
+        small = part.lstrip().startswith(("<sub>", "<span style='font-size:1"))  # a line of 10-12 px text
+        budget = int(chars * 1.3) if small else chars
+        line = ""
+        for word in _NOT_IN_TAG.split(part):
+            if line and _visible_len(line) + 1 + _visible_len(word) > budget:
+                lines.append(line)
+                line, added = word, added + 1
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(line)
+    return "<br>".join(lines), added
+
+
 def layout(title: str, uirevision: str, **extra) -> dict:
-    """A compact layout. `uirevision` stays constant for a chart so Plotly.react keeps the user's zoom/pan."""
+    """A compact layout. `uirevision` stays constant for a chart so Plotly.react keeps the user's zoom/pan.
+    The title is wrapped to the chart's width (see TITLE_CHARS) and pinned to the figure's top."""
+    text, added = wrap_title(title, WIDE_TITLE_CHARS if uirevision in WIDE_CHARTS else TITLE_CHARS)
     base = dict(
-        title=dict(text=title, font=dict(size=14), x=0.01, xanchor="left"),
-        margin=dict(l=50, r=20, t=40, b=40),
+        title=dict(text=text, font=dict(size=14), x=0.01, xanchor="left", yref="container", y=1, yanchor="top",
+                   pad=dict(t=_CAP_SHIFT["<br>" in text] + TITLE_TOP)),
+        margin=dict(l=50, r=20, t=44, b=40),
         uirevision=uirevision,
         hovermode="closest",
         paper_bgcolor="white",
@@ -91,6 +135,10 @@ def layout(title: str, uirevision: str, **extra) -> dict:
         showlegend=False,
     )
     base.update(extra)
+    if added:  # the plot area keeps its height
+        base["margin"] = {**base["margin"], "t": base["margin"].get("t", 44) + added * TITLE_LINE}
+        if base.get("height"):
+            base["height"] += added * TITLE_LINE
     return base
 
 
@@ -167,6 +215,25 @@ def legend_key(rows: list[list[tuple[str, str, str]]], **place) -> dict:
     return {"text": text, "name": "legend-key", "showarrow": False, "xref": "paper", "yref": "paper",
             "x": 1, "y": 1, "xanchor": "right", "yanchor": "bottom", "align": "right",
             "font": {"size": 11, "color": "#333"}, **place}
+
+
+KEY_ROW = 15  # px a row of a key takes (11 px text)
+KEY_CHARS = 56  # characters of a key's row in the narrowest chart (~6.5 px each at 11 px, see TITLE_CHARS)
+ABOVE_PLOT = 28  # px from the figure's top to what a chart draws above its plot area, under a one-line title
+
+
+def key_rows(items: list[tuple[str, str, str]], chars: int = KEY_CHARS) -> list[list[tuple[str, str, str]]]:
+    """A key's (mark, colour, name) items packed into rows of at most `chars` characters, in order (a row
+    that long still fits the narrowest chart, so a key never runs off it or under its title)."""
+    rows, row, used = [], [], 0
+    for item in items:
+        n = len(item[2]) + 5  # the mark and the gap before the next item
+        if row and used + n > chars:
+            rows.append(row)
+            row, used = [], 0
+        row.append(item)
+        used += n
+    return rows + [row] if row else rows
 
 
 def axis_title(fig: dict, axis: str) -> str:

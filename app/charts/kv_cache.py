@@ -9,7 +9,8 @@ import math
 
 from engine.kv_cache import KVStats
 
-from .common import FREE, GREY, SEQ_COLORS, empty, figure, fmt_bytes, layout, seq_color
+from .common import (ABOVE_PLOT, BAR, FREE, GREY, KEY_ROW, SEQ_COLORS, empty, figure, fmt_bytes, layout, legend_key,
+                     seq_color)
 from ..i18n import texts
 
 COLS = 32  # blocks per grid row: block id = row * COLS + col
@@ -107,7 +108,7 @@ def block_pool_chart(event, lang: str = "en") -> dict:
     title = tx["pool_title"].format(used=kv.used, cached=kv.cached, free=kv.free, n=n, bs=kv.block_size)
     lay = layout(title, UIREV_POOL, showlegend=True, height=max(170, 24 * rows + 130),
                  legend=dict(orientation="h", y=-0.02, yanchor="top", x=0, font=dict(size=11)),
-                 margin=dict(l=70, r=10, t=40, b=40),
+                 margin=dict(l=70, r=10, t=46, b=40),  # the block numbers on top, under the title
                  xaxis=dict(range=[-0.5, cols - 0.5], showgrid=False, zeroline=False, tickmode="array",
                             tickvals=[0, 8, 16, 24, 31], side="top", title=dict(text="")),
                  yaxis=dict(range=[rows - 0.5, -0.5], showgrid=False, zeroline=False, tickmode="array",
@@ -239,16 +240,22 @@ def kv_memory_chart(event, lang: str = "en") -> dict:
         bar("paged_waste", tx["paged_waste"], [r_paged], [m["paged_waste"]]),
         bar("naive_waste", tx["naive_waste"], [r_naive], [m["naive_waste"]]),
     ]
-    shapes, annotations = [], []
+    shapes = []
     if m["pool"] > 0:
         shapes.append(dict(type="line", xref="x", yref="paper", x0=m["pool"], x1=m["pool"], y0=0, y1=1,
                            line=dict(color="#333", dash="dash", width=1.5)))
-        annotations.append(dict(text=f"{tx['pool_size']} {fmt_bytes(m['pool'], lang)}", x=m["pool"], y=1, xref="x",
-                                yref="paper", yanchor="bottom", showarrow=False, font=dict(size=11)))
-    lay = layout(tx["memory_title"], UIREV_MEMORY, barmode="stack", showlegend=True, height=300,
-                 shapes=shapes, annotations=annotations, bargap=0.35,
-                 legend=dict(orientation="h", y=-0.25, yanchor="top", x=0, font=dict(size=11), traceorder="normal"),
-                 margin=dict(l=150, r=20, t=50, b=40),
+    # The key above the plot, a fixed row per long name, from the chart's left edge: a Plotly legend wrapped by
+    # the chart's width and ran into the axis or off the chart (the Russian names are ~50 characters); the
+    # pool's size is the key's last row, not a label at the dashed line, where it met the key.
+    rows = [[(BAR, MEM_COLORS[k], tx[n]) for k, n in (("used", "used"), ("cached", "cached"), ("free", "free_"))],
+            [(BAR, MEM_COLORS["stored"], tx["stored"])], [(BAR, MEM_COLORS["paged_waste"], tx["paged_waste"])],
+            [(BAR, MEM_COLORS["naive_waste"], tx["naive_waste"])]]
+    if m["pool"] > 0:
+        rows.append([("┆", "#333", f"{tx['pool_size']} {fmt_bytes(m['pool'], lang)}")])
+    top = ABOVE_PLOT + KEY_ROW * len(rows) + 6
+    lay = layout(tx["memory_title"], UIREV_MEMORY, barmode="stack", height=top + 150, shapes=shapes,
+                 annotations=[legend_key(rows, x=0, xanchor="left", xshift=5 - 150, align="left")], bargap=0.35,
+                 margin=dict(l=150, r=20, t=top, b=45),
                  xaxis=dict(title=dict(text=tx["bytes"]), tickformat=".3s", gridcolor="#EEE", rangemode="tozero"),
                  yaxis=dict(categoryorder="array", categoryarray=[r_pool, r_paged, r_naive], autorange="reversed",
                             title=dict(text="")))

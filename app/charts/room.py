@@ -20,7 +20,7 @@ import re
 import zlib
 
 from ..i18n import UI, t
-from .common import BAR, GREY, LINE, SEQ_COLORS, empty, figure, layout, legend_key, markup
+from .common import BAR, GREY, KEY_CHARS, LINE, SEQ_COLORS, empty, figure, key_rows, layout, legend_key, markup
 from .kv_cache import COLS, FREE_COLOR
 
 UIREV_BATCH = "chart-room-batch"
@@ -244,9 +244,10 @@ def pool_chart(blocks, records=(), me: str = "", lang: str = "en", replay: bool 
     owners = [o for o in counts if o not in what]
     items = [(BAR, owner_color(o), f"{owner_name(o, me, lang)}: {counts[o]}") for o in sorted(owners, key=owner_order)]
     rows_key = _key_rows(items, lang)
-    rows_key.append([(BAR, SHARED_COLOR, f"{what['shared']}: {counts.get('shared', 0)}"),
-                     (BAR, GREY, f"{what['cached']}: {counts.get('cached', 0)}"),
-                     (BAR, "#DDDDDD", f"{what['']}: {counts.get('', 0)}")])
+    # packed into rows that fit the chart at its narrowest (the three in one row ran off it in Russian)
+    rows_key += key_rows([(BAR, SHARED_COLOR, f"{what['shared']}: {counts.get('shared', 0)}"),
+                          (BAR, GREY, f"{what['cached']}: {counts.get('cached', 0)}"),
+                          (BAR, "#DDDDDD", f"{what['']}: {counts.get('', 0)}")], KEY_CHARS * 3 // 2)
     key = legend_key(rows_key, x=0, xanchor="left", y=0, yanchor="top", yshift=-6, align="left")
     pool = (list(records)[-1].get("pool") or {}) if records else {}
     used = n - counts.get("", 0) - counts.get("cached", 0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.sampling import SamplingTrace, StageSnapshot
 
-from .common import ACCENT, GREY, LABEL_CHARS, empty, figure, label_px, layout, plain, rotated_px
+from .common import ABOVE_PLOT, ACCENT, GREY, LABEL_CHARS, empty, figure, label_px, layout, plain, rotated_px
 from .logits import FORCED_COLOR, Forced
 from ..i18n import texts
 
@@ -20,7 +20,8 @@ UIREV_CHAIN = "chart-sampling"
 UIREV_CDF = "chart-cdf"
 
 
-HEADER_ROW = 28  # px between the two rows of stage headers (two lines of 10 px text each)
+HEADER_ROW = 40  # px between the two rows of stage headers (up to three lines of 10 px text each)
+BADGE_ROW = 24  # px for the what-if badge, in its own row above the headers (beside them it ran into them)
 COLUMN_GAP = 0.2  # between two stages' columns, as a fraction of a column's width
 
 
@@ -134,15 +135,20 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
             k = ids.index(forced.token)
             shapes.append(dict(type="rect", xref="paper", yref="y", x0=0, x1=1, y0=k - 0.5, y1=k + 0.5,
                                layer="below", line=dict(width=0), fillcolor="rgba(148,103,189,0.22)"))
-    height = max(300, 18 * n + 140)
-    top, bottom = 80 + HEADER_ROW + 18 * (forced is not None), 45  # a forced token's title takes two lines
+    # from the top: the title (common.layout adds a line for each line it wraps; a forced token's title has
+    # two), the what-if badge, the two rows of stage headers; the plot is tall enough for its rows and for the
+    # axis title along it
+    top = ABOVE_PLOT + 18 * (forced is not None) + 2 * HEADER_ROW + (BADGE_ROW if what_if else 0)
+    bottom = 45
+    plot_height = max(330, 18 * n + 30)
+    height = top + bottom + plot_height
     if what_if:
         title = f"{title} — {tx['what_if']}"
         annotations.append(dict(text=f"<b>{tx['what_if_badge']}</b>", x=1.0, y=1.0, xref="paper", yref="paper",
-                                xanchor="right", yanchor="bottom", yshift=34 + HEADER_ROW, showarrow=False,
+                                xanchor="right", yanchor="bottom", yshift=2 * HEADER_ROW + 2, showarrow=False,
                                 font=dict(size=12, color="white"), bgcolor=WHAT_IF_COLOR, borderpad=3))
         shapes.append(dict(type="rect", xref="paper", yref="paper", x0=-0.005, x1=1.005, y0=-0.02,
-                           y1=1.0 + (34 + HEADER_ROW) / max(1, height - top - bottom),
+                           y1=1.0 + (2 * HEADER_ROW + BADGE_ROW) / plot_height,
                            line=dict(color=WHAT_IF_COLOR, width=3), fillcolor="rgba(0,0,0,0)", layer="above"))
         extra["paper_bgcolor"] = "#FFF6EC"
     if shapes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from engine.metrics import expected_tokens_per_pass
 from engine.speculative import SpecRound
 
-from .common import ACCENT, empty, figure, layout
+from .common import ABOVE_PLOT, ACCENT, BAR, KEY_ROW, empty, figure, key_rows, layout, legend_key, rotated_px
 from .common import markup, plain
 from ..i18n import texts
 
@@ -36,6 +36,9 @@ MAX_PQ_PANELS = 6
 DROPPED_OPACITY = 0.3
 
 
+KEY_MARKS = {"square": BAR, "square-x": "☒", "star": "★", "diamond": "◆", "circle": "●", "circle-x": "⊗"}
+PQ_TICKS = rotated_px(9, 10, 45) + 8  # px under the p-vs-q panels for their tick labels (10 characters at 45°)
+PQ_HEADER_ROW = 40  # px between the two rows of the p-vs-q panels' headings (three lines of 10 px text)
 KIND_STYLE = {  # marker colour and symbol per kind of cell on the rounds timeline
     "accepted": (ACCEPTED, "square"), "rejected": (REJECTED, "square-x"), "unchecked": (UNCHECKED, "square"),
     "bonus": (BONUS, "star"), "resampled": (RESAMPLED, "diamond"), "sampled": (SAMPLED, "circle"),
@@ -127,7 +130,7 @@ def rounds_timeline(events, seq_id: int | None = None, lang: str = "en") -> dict
         color, symbol = KIND_STYLE[kind]
         data.append(dict(type="scatter", mode="markers+text" if labelled else "markers", name=tx["kinds"][kind],
                          x=c["x"], y=c["y"], text=c["text"], textposition="middle right",
-                         textfont=dict(size=9, color="#333"), showlegend=True,
+                         textfont=dict(size=9, color="#333"),
                          marker=dict(color=color, symbol=symbol, size=13, opacity=c["opacity"],
                                      line=dict(color="white", width=1)),
                          customdata=c["hover"], hovertemplate="%{customdata}<extra></extra>"))
@@ -135,9 +138,13 @@ def rounds_timeline(events, seq_id: int | None = None, lang: str = "en") -> dict
     drafted = sum(len(sp.draft) for _, sp in rounds)
     accepted = sum(sp.num_accepted for _, sp in rounds)
     title = tx["rounds_title"].format(n=len(rounds), acc=accepted, drafted=drafted, tok=stats.get("tokens", "?"))
-    lay = layout(title, UIREV_ROUNDS, showlegend=True, height=max(280, 40 * max_slot + 190),
-                 margin=dict(l=55, r=20, t=45, b=110),
-                 legend=dict(orientation="h", x=0, y=-0.18, yanchor="top", font=dict(size=10)),
+    # a key above the plot, not a legend under it: a legend's rows depend on the chart's width and ran into
+    # the axis title; the key's rows are fixed (common.key_rows) and it is measured once
+    rows = key_rows([(KEY_MARKS[KIND_STYLE[k][1]], KIND_STYLE[k][0], tx["kinds"][k])
+                     for k, c in cells.items() if c["x"]])
+    lay = layout(title, UIREV_ROUNDS, height=max(280, 40 * max_slot + 120 + KEY_ROW * len(rows)),
+                 margin=dict(l=55, r=20, t=ABOVE_PLOT + KEY_ROW * len(rows) + 4, b=50),
+                 annotations=[legend_key(rows)],
                  xaxis=dict(title=dict(text=tx["round"]), tickmode="array", tickvals=list(range(1, len(rounds) + 1)),
                             ticktext=[str(s) for s in ticks], range=[0.4, len(rounds) + 0.9], gridcolor="#EEE"),
                  # position 1 at the top, by an explicit range: autorange "reversed" was lost whenever Plotly.react
@@ -209,7 +216,7 @@ def pq_chart(spec: SpecRound | None, step: int | None = None, lang: str = "en") 
             if vals is None:
                 continue
             data.append(dict(type="bar", name=tx[key], x=xs, y=vals, xaxis=f"x{ax}", yaxis=f"y{ax}",
-                             legendgroup=key, showlegend=k == 0 or (key == "residual"),
+                             legendgroup=key, showlegend=False,
                              marker=dict(color=color, line=dict(color="#111", width=outline)),
                              customdata=[[full[i], pn["token_ids"][i]] for i in xs],
                              hovertemplate=f"%{{customdata[0]}} (id %{{customdata[1]}})<br>{tx[key]} = %{{y:.4f}}"
@@ -225,17 +232,23 @@ def pq_chart(spec: SpecRound | None, step: int | None = None, lang: str = "en") 
         else:
             verdict = tx["verdict"].get(pn.get("verdict") or "unchecked", "")
             color = {"accepted": ACCEPTED, "rejected": REJECTED}.get(pn.get("verdict"), "#555")
-            sub = (f"<b>{tx['pos'].format(i=pn['position'])}: {plain(chk.text if chk else '', 12)}</b> "
-                   f"<span style='color:{color}'>{verdict}</span>")
+            # one short item per line: with five panels a heading has ~70 px
+            sub = (f"<b>{tx['pos'].format(i=pn['position'])}: {plain(chk.text if chk else '', 8)}</b>"
+                   f"<br><span style='color:{color}'>{verdict}</span>")
             if chk is not None and chk.u is not None:
                 sub += f"<br>p/q = {_f(chk.ratio)}, u = {_f(chk.u)}"
+        # from three panels on, headings alternate between two rows, or neighbours would run into each other
         annotations.append(dict(text=sub, x=x0 + width / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
-                                yanchor="bottom", showarrow=False, font=dict(size=11)))
+                                yanchor="bottom", yshift=PQ_HEADER_ROW * (k % 2) if n >= 3 else 0,
+                                showarrow=False, font=dict(size=10)))
+    series = [("p", P_COLOR), ("q", Q_COLOR)] + [("residual", RESIDUAL_COLOR)] * any(pn["residual"] for pn in panels)
+    rows = key_rows([(BAR, color, tx[key]) for key, color in series])
+    annotations.insert(0, legend_key(rows, x=0, xanchor="left", y=0, yanchor="top", yshift=-PQ_TICKS, align="left"))
     title = tx["pq_title"].format(step=step) if step is not None else tx["pq_title_nostep"]
-    lay = layout(markup(title), UIREV_PQ, barmode="group", bargap=0.2, showlegend=True, height=370,
-                 margin=dict(l=55, r=20, t=95, b=110), annotations=annotations,
-                 legend=dict(orientation="h", x=0, xanchor="left", y=-0.42, yanchor="top", font=dict(size=10)),
-                 **axes)
+    headings = PQ_HEADER_ROW * (2 if n >= 3 else 1)
+    lay = layout(markup(title), UIREV_PQ, barmode="group", bargap=0.2, height=260 + headings + KEY_ROW * len(rows),
+                 margin=dict(l=55, r=20, t=ABOVE_PLOT + headings, b=PQ_TICKS + KEY_ROW * len(rows) + 6),
+                 annotations=annotations, **axes)
     return figure(data, lay)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from .common import BAR, GREY, empty, figure, fmt_si, layout, legend_key, seq_color
+from .common import BAR, GREY, LINE, empty, figure, fmt_si, layout, legend_key, seq_color
 from ..i18n import t, texts
 
 UIREV_TIMELINE = "chart-timeline"
@@ -32,11 +32,6 @@ def step_kind(event) -> str:
     if phases == {"decode"}:
         return "decode"
     return "mixed"
-
-
-def _legend(name: str, color: str, symbol: str = "square") -> dict:
-    return dict(type="scatter", mode="markers", x=[None], y=[None], name=name, showlegend=True, hoverinfo="skip",
-                marker=dict(symbol=symbol, size=11, color=color))
 
 
 def _step_hover(event, tx: dict) -> str:
@@ -300,7 +295,7 @@ def roofline_chart(events, bandwidth: float, peak_flops: float, lang: str = "en"
     roof_y = [min(pf, bw * x) for x in roof_x]
     pct = [100.0 * y / min(pf, bw * x) for x, y in zip(xs, ys)]
     data = [
-        dict(type="scatter", name=tx["roof_name"], mode="lines", x=roof_x, y=roof_y,
+        dict(type="scatter", name=tx["roof_name"], mode="lines", x=roof_x, y=roof_y, showlegend=False,
              line=dict(color=ROOF_COLOR, width=2.5),
              hovertemplate=f"{tx['roof']}<br>{t('roof_hover', lang)}<extra></extra>"),
         dict(type="scatter", name="steps", mode="markers", x=xs, y=ys, showlegend=False,
@@ -311,10 +306,12 @@ def roofline_chart(events, bandwidth: float, peak_flops: float, lang: str = "en"
                             f"{tx['tok']} · {tx['forward_ms']}<br>{t('point_hover', lang)}"
                             f"<br>%{{customdata[3]:.1f}}% {tx['of_roof']}<extra></extra>")),
     ]
-    for k in ("prefill", "decode", "mixed"):
-        if any(p["kind"] == k for p in pts):
-            data.append(_legend(tx["kinds"][k], KIND_COLORS[k], "circle"))
+    # a key, not a legend: one annotation, measured once (see common.legend_key), in the row under the title
+    key = [(LINE, ROOF_COLOR, tx["roof_name"])] + [("●", KIND_COLORS[k], tx["kinds"][k])
+                                                   for k in ("prefill", "decode", "mixed")
+                                                   if any(p["kind"] == k for p in pts)]
     annotations = [
+        legend_key([key]),
         dict(x=math.log10(ridge), y=math.log10(pf), xref="x", yref="y", text=tx["ridge"].format(r=ridge),
              showarrow=True, arrowhead=2, ax=0, ay=-30, font=dict(size=11)),
         dict(x=math.log10(math.sqrt(lo * ridge)), y=math.log10(bw * math.sqrt(lo * ridge)), xref="x", yref="y",
@@ -325,9 +322,8 @@ def roofline_chart(events, bandwidth: float, peak_flops: float, lang: str = "en"
              font=dict(size=10, color="#555")),
     ]
     ymin = min(min(ys), roof_y[0]) / 3
-    lay = layout(tx["roofline_title"], UIREV_ROOFLINE, showlegend=True, height=380, annotations=annotations,
-                 margin=dict(l=60, r=20, t=75, b=45),  # a two-line title, the legend under it
-                 legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom", font=dict(size=11)),
+    lay = layout(tx["roofline_title"], UIREV_ROOFLINE, height=380, annotations=annotations,
+                 margin=dict(l=60, r=20, t=78, b=45),  # a two-line title, the key under it
                  xaxis=dict(type="log", title=dict(text=tx["x"]), range=[math.log10(lo), math.log10(hi)],
                             gridcolor="#EEE"),
                  yaxis=dict(type="log", title=dict(text=tx["y"]), range=[math.log10(ymin), math.log10(pf * 3)],

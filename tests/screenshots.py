@@ -1,0 +1,154 @@
+"""The lab after its default flow, at the widths a reader may have, in English and Russian: the flow and the
+text-box check tests/test_e2e_layout.py runs, and, run as a script, the full-page screenshots in
+assets/screenshots/ (lab-800-en.png ... lab-1600-ru.png):
+
+    python tests/screenshots.py            # serves the bundled model itself, Debian's Chromium
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from e2e_util import click_and_wait
+
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+WIDTHS = (1600, 1280, 800)
+LANGS = ("en", "ru")
+WHAT_IF = {"en": "what-if", "ru": "что-если"}
+
+# Every text the reader sees in each chart (titles, axis titles, legends, annotations, tick labels) as
+# Plotly drew it: its box relative to the figure, and the figure's own size (what its SVG is drawn at).
+TEXT_BOXES_JS = """(ids) => {
+  const SEL = ".gtitle, .annotation-text, .legendtext, .xtick text, .ytick text, .cbaxis text, .cbtitle text, " +
+              ".g-xtitle text, .g-ytitle text";
+  const out = {};
+  for (const id of ids) {
+    const div = document.getElementById(id);
+    const box = div && div._fullLayout && div.querySelector(".svg-container");
+    if (!box) continue;
+    const at = box.getBoundingClientRect();
+    const texts = [];
+    for (const el of div.querySelectorAll(SEL)) {
+      const r = el.getBoundingClientRect();
+      if (el.closest(".hoverlayer") || !el.textContent.trim() || r.width < 1 || r.height < 1) continue;
+      const tick = el.closest(".xtick, .ytick, .cbaxis");
+      const kind = tick ? "tick" : el.classList.contains("gtitle") ? "title" :
+                   el.classList.contains("legendtext") ? "legend" : "annotation";
+      texts.push({text: el.textContent.trim().slice(0, 50), kind, axis: tick ? tick.parentNode.getAttribute("class") : "",
+                  x0: r.left - at.left, y0: r.top - at.top, x1: r.right - at.left, y1: r.bottom - at.top});
+    }
+    out[id] = {width: div._fullLayout.width, height: div._fullLayout.height, texts};
+  }
+  return out;
+}"""
+
+ALL_DRAWN_JS = """() => { const s = window.inferlab.state;
+  const ids = [...document.querySelectorAll('.il-chart')].map((e) => e.id);
+  if (ids.every((id) => !s.stale[id] && !s.pending[id] && document.getElementById(id)._fullLayout)) return true;
+  window.inferlab.flush();  // figures that came for charts the observer has not seen yet
+  return false; }"""
+
+
+def default_flow(page) -> None:
+    """What a newcomer does first: a speculative request stepped a few times (early exit at the model's last
+    layer but one, greedy: drafts are accepted and rejected), a second, plain request beside it, and a what-if
+    on its sampling chain. The calculators draw themselves once the model is loaded."""
+    page.click("#speculative > button, #speculative .label-wrap")
+    page.click("#spec_method label:has-text('early exit')")
+    page.check("#spec_on input[type=checkbox]")
+    page.fill("#temperature input[type=number]", "0")
+    page.press("#temperature input[type=number]", "Enter")
+    time.sleep(0.5)  # the setting reaches the session before the first step
+    for _ in range(5):
+        click_and_wait(page, "#step")
+    page.uncheck("#spec_on input[type=checkbox]")
+    page.fill("#prompt textarea", "What is gravity?")
+    click_and_wait(page, "#add_request")
+    for _ in range(2):
+        click_and_wait(page, "#step")
+    newest = page.evaluate("() => [...document.querySelectorAll('#focus-select option')].pop().value")
+    page.select_option("#focus-select", newest)
+    time.sleep(0.5)
+    what_if(page, "en", "0.8")
+
+
+def what_if(page, lang: str, temperature: str) -> None:
+    page.fill("#temperature input[type=number]", temperature)
+    page.press("#temperature input[type=number]", "Enter")
+    page.wait_for_function("w => document.querySelector('#html-message').innerText.toLowerCase().includes(w)",
+                           arg=WHAT_IF[lang], timeout=30000)
+
+
+def to_russian(page) -> None:
+    page.locator("#lang label", has_text="Русский").click()
+    page.wait_for_function("() => document.querySelector('#step').innerText.includes('Шаг')", timeout=30000)
+    what_if(page, "ru", "0.9")  # the language switch redraws the real chain: the what-if again, in Russian
+
+
+def show_all(page, width: int) -> None:
+    """The page at `width`, its window as tall as the page, so every chart is in view and drawn."""
+    page.set_viewport_size({"width": width, "height": 1000})
+    page.wait_for_timeout(300)
+    height = page.evaluate("() => document.documentElement.scrollHeight")
+    page.set_viewport_size({"width": width, "height": height + 100})
+    page.wait_for_timeout(300)
+    page.evaluate("() => window.inferlab.refresh()")
+    page.wait_for_function(ALL_DRAWN_JS, timeout=60000, polling=250)
+    page.wait_for_timeout(500)  # Plotly's own resize after the window's (debounced)
+
+
+def text_problems(page) -> list[str]:
+    """Each chart text that runs off its chart, and each two texts of one chart that overlap."""
+    ids = page.evaluate("() => [...document.querySelectorAll('.il-chart')].map((e) => e.id)")
+    problems = []
+    for cid, fig in page.evaluate(TEXT_BOXES_JS, ids).items():
+        texts = fig["texts"]
+        for t in texts:
+            if t["x0"] < -1 or t["y0"] < -1 or t["x1"] > fig["width"] + 1 or t["y1"] > fig["height"] + 1:
+                problems.append(f"{cid}: {t['kind']} «{t['text']}» is cut by the chart's edge")
+        for i, a in enumerate(texts):
+            for b in texts[i + 1:]:
+                ticks = a["kind"] == b["kind"] == "tick"
+                if ticks and a["axis"] == b["axis"]:
+                    continue  # one axis's labels: Plotly spaces them itself
+                # two axes' labels meet at a corner: their boxes are taller than the glyphs
+                slack = 6 if ticks else 2
+                if min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > slack and \
+                        min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > slack:
+                    problems.append(f"{cid}: {a['kind']} «{a['text']}» overlaps {b['kind']} «{b['text']}»")
+    return problems
+
+
+def save_screenshot(page, width: int, lang: str) -> Path:
+    """A full-page screenshot, its colours reduced to a palette: a 1600 × 12,000 px page stays under ~1.5 MB."""
+    from PIL import Image
+
+    path = SCREENSHOTS / f"lab-{width}-{lang}.png"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.evaluate("() => window.scrollTo(0, 0)")
+    page.screenshot(path=str(path), full_page=True)
+    Image.open(path).convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+    return path
+
+
+def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from engine import Engine
+    from e2e_util import browser, open_lab, running_server
+
+    with running_server(Engine.from_pretrained("bundled", device="cpu")) as (url, _app), browser() as b:
+        page = open_lab(b, url, WIDTHS[0], 1000)
+        default_flow(page)
+        for lang in LANGS:
+            if lang == "ru":
+                to_russian(page)
+            for width in WIDTHS:
+                show_all(page, width)
+                for problem in text_problems(page):
+                    print("  ", problem)
+                print(save_screenshot(page, width, lang))
+
+
+if __name__ == "__main__":
+    main()
