@@ -775,6 +775,8 @@ UI = {
                    "ru": ["шаг", "id токена", "токен", "байты (hex)", "выданный текст", "придержано", "стоп-строка"]},
     "detok.matched": {"en": "matched", "ru": "совпала"},
     "detok.forced": {"en": "(forced)", "ru": "(навязан)"},
+    "detok.rounds_note": {"en": " · speculative rounds: step · i/k is the round's i-th of k tokens",
+                          "ru": " · спекулятивные раунды: шаг · i/k — i-й из k токенов раунда"},
     # app/charts/embeddings.py
     "emb.pca_title": {"en": "Input embeddings of the sequence, PCA to 2-D ({n} tokens)",
                       "ru": "Входные эмбеддинги последовательности, PCA в 2-D (токенов: {n})"},
@@ -824,10 +826,8 @@ UI = {
     "kv.logical_axis": {"en": "logical block i (holds tokens i·{bs} … i·{bs}+{last})",
                         "ru": "логический блок i (токены i·{bs} … i·{bs}+{last})"},
     "kv.tokens": {"en": "tokens", "ru": "токены"},
-    "kv.logical_axis_wrapped": {"en": "logical block = the row's first + column (block i holds tokens i·{bs} … "
-                                      "i·{bs}+{last})",
-                                "ru": "логический блок = первый в строке + столбец (блок i: токены i·{bs} … "
-                                      "i·{bs}+{last})"},
+    "kv.logical_axis_wrapped": {"en": "logical block = row start + column",
+                                "ru": "логический блок = начало строки + столбец"},
     "kv.shared_by": {"en": "shared by seqs", "ru": "общий для посл."},
     "kv.memory": {"en": "KV memory", "ru": "Память KV"},
     "kv.memory_title": {"en": "KV memory: paged pool vs a naive contiguous allocator",

@@ -108,7 +108,10 @@ def detok_table(events, seq_id: int, last_n: int = 12, lang: str = "en") -> dict
         cells=dict(values=cols, align="left", height=24, fill=dict(color=column_fills),
                    font=dict(family="JetBrains Mono, ui-monospace, monospace", size=12)),
     )
-    lay = layout(tx["title"].format(n=len(rows), seq=seq_id), UIREV, height=min(110 + 32 * len(rows), 480),
+    title = tx["title"].format(n=len(rows), seq=seq_id)
+    if any(r.round_index is not None for r in rows):
+        title += tx["rounds_note"]
+    lay = layout(title, UIREV, height=min(110 + 32 * len(rows), 480),
                  margin=dict(l=10, r=10, t=40, b=10))
     return figure([trace], lay)
 

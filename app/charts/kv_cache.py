@@ -165,7 +165,8 @@ def block_tables_chart(event, lang: str = "en") -> dict:
                 customdata=cd, hovertext=hover, hovertemplate="%{hovertext}<extra></extra>",
                 colorscale=discrete_colorscale(), zmin=-0.5, zmax=NUM_CODES - 0.5, showscale=False, hoverongaps=False,
                 xgap=2, ygap=2, x=list(range(cols)), y=list(range(len(z))))
-    axis = tx["logical_axis_wrapped" if wrapped else "logical_axis"].format(bs=bs, last=bs - 1)
+    # wrapped: the row labels give each row's logical blocks, the hovers each block's tokens
+    axis = tx["logical_axis_wrapped"] if wrapped else tx["logical_axis"].format(bs=bs, last=bs - 1)
     lay = layout(tx["tables_title"], UIREV_TABLES, height=max(150, 26 * len(z) + 110),
                  margin=dict(l=110 if wrapped else 60, r=10, t=40, b=45), shapes=shapes,
                  xaxis=dict(title=dict(text=axis), tickmode="linear", dtick=1, range=[-0.5, cols - 0.5],

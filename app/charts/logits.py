@@ -115,8 +115,9 @@ def logits_chart(seq_event_sampling: SamplingTrace | None, logit_stats: LogitSta
     pmax = max(list(raw.probs) + list(final.probs) + [1e-6])
 
     key = [(BAR, PROB_COLOR, t["softmax"])] + ([(BAR, FINAL_COLOR, t["final"])] if final is not raw else [])
-    if forced is not None:  # what the two marked rows mean
-        key = [key, [(BAR, FORCED_COLOR, t["key_forced"]), (BAR, CHOSEN_COLOR, t["key_would"])]]
+    if forced is not None:  # what the marked rows mean (the forced one may be outside the rows shown)
+        key = [key, ([(BAR, FORCED_COLOR, t["key_forced"])] if forced.token in ids else [])
+               + [(BAR, CHOSEN_COLOR, t["key_would"])]]
     else:
         key = [key]
     lay = layout(_title(sampling, logit_stats, labels, forced, t), uirev,
@@ -129,10 +130,11 @@ def logits_chart(seq_event_sampling: SamplingTrace | None, logit_stats: LogitSta
                             range=[len(ids) - 0.5, -0.5], autorange=False, tickfont=dict(size=10)),
                  # a fixed left margin, sized for LABEL_CHARS (see common.py); hovers keep the whole token
                  barmode="group", bargap=0.2, shapes=shapes,
-                 margin=dict(l=label_px(10, LABEL_CHARS + 1) + 8, r=20, t=60 + 14 * (forced is not None),
+                 # a forced token adds two subtitle lines (forced, would have sampled) and a row to the key
+                 margin=dict(l=label_px(10, LABEL_CHARS + 1) + 8, r=20, t=60 + 32 * (forced is not None),
                              b=72 + 14 * (forced is not None)),
                  annotations=[legend_key(key, y=0, yanchor="top", yshift=-24)],  # under the tick labels
-                 height=max(320, 20 * len(ids) + 130 + 28 * (forced is not None)))
+                 height=max(320, 20 * len(ids) + 130) + 46 * (forced is not None))
     return figure(data, lay)
 
 
