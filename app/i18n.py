@@ -775,8 +775,9 @@ UI = {
                    "ru": ["шаг", "id токена", "токен", "байты (hex)", "выданный текст", "придержано", "стоп-строка"]},
     "detok.matched": {"en": "matched", "ru": "совпала"},
     "detok.forced": {"en": "(forced)", "ru": "(навязан)"},
-    "detok.rounds_note": {"en": " · speculative rounds: step · i/k is the round's i-th of k tokens",
-                          "ru": " · спекулятивные раунды: шаг · i/k — i-й из k токенов раунда"},
+    # no-break spaces keep "step · i/k" on one line of a wrapped title
+    "detok.rounds_note": {"en": " · in a speculative round, step\u00a0·\u00a0i/k is its i-th of k tokens",
+                          "ru": " · в спекулятивном раунде шаг\u00a0·\u00a0i/k — его i-й из k токенов"},
     # app/charts/embeddings.py
     "emb.pca_title": {"en": "Input embeddings of the sequence, PCA to 2-D ({n} tokens)",
                       "ru": "Входные эмбеддинги последовательности, PCA в 2-D (токенов: {n})"},

@@ -189,6 +189,25 @@ def test_sampling_and_logits_rows_run_top_down_by_an_explicit_range(forced_run):
         assert y["range"] == [n - 0.5, -0.5] and y["autorange"] is False
 
 
+def test_attention_queries_run_top_down_by_an_explicit_range(base_engine):
+    """The heatmap's own placeholder ("nothing captured yet") shares its uirevision: drawn over it, a heatmap
+    with autorange "reversed" came out upside down (the causal triangle turned over)."""
+    from app.charts import attention
+    from engine import Capture
+
+    eng = base_engine.session()
+    eng.instrument = Capture()
+    sid = eng.add_request("Hi there", SamplingParams(max_tokens=2, temperature=0.0), chat=False)
+    events = [eng.step(), eng.step()]
+    texts_ = [base_engine.token_text(t) for t in eng.seq_view(sid).token_ids]
+    heat = valid(attention.attention_heatmap(events, sid, 0, 0, texts_))
+    n = len(heat["data"][0]["y"])
+    assert heat["layout"]["yaxis"]["range"] == [n - 0.5, -0.5] and heat["layout"]["yaxis"]["autorange"] is False
+    grid = valid(attention.attention_heads_grid(events, sid, 0, texts_))
+    rows = len(grid["data"][0]["y"])
+    assert grid["layout"]["yaxis"]["range"] == [rows - 0.5, -0.5] and grid["layout"]["yaxis"]["autorange"] is False
+
+
 # ---- item 9: a speculative round's tokens, one row each -----------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -238,7 +257,8 @@ def test_detok_table_has_one_row_per_emitted_token_grouped_by_round(spec_run):
     rows = detok.token_rows(events, sid)
     fills = fig["data"][0]["cells"]["fill"]["color"][0]
     for r, fill in zip(rows, fills):
-        if r.round_index is not None and not r.detok.held_text and not r.detok.held_bytes.strip() and r.detok.stop is None:
+        plain_row = not r.detok.held_text and not r.detok.held_bytes.strip() and r.detok.stop is None
+        if r.round_index is not None and plain_row:
             assert fill == (detok.ROUND_FILL if r.round_index % 2 else detok.ROW_FILL)
     assert len(detok.detok_table(events, sid, last_n=5)["data"][0]["cells"]["values"][0]) == 5
 
@@ -313,7 +333,8 @@ def test_perplexity_title_names_its_units(forced_run):
     fig = logits.perplexity_chart(forced_run["events"], forced_run["sid"])
     title = flat(fig["layout"]["title"]["text"])
     assert "(nats)" in title and "per token" in title and "over 3 tokens" in title  # the rewind dropped one
-    assert "на токен" in flat(logits.perplexity_chart(forced_run["events"], forced_run["sid"], "ru")["layout"]["title"]["text"])
+    ru = logits.perplexity_chart(forced_run["events"], forced_run["sid"], "ru")
+    assert "на токен" in flat(ru["layout"]["title"]["text"])
 
 
 def test_pipeline_names_finished_sequences_by_id(spec_run):

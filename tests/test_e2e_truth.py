@@ -116,7 +116,9 @@ TEXT_BOXES_OVERLAP = """id => {
   let overlaps = 0;
   for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
     const a = boxes[i], b = boxes[j];
-    if (a.left < b.right - 0.5 && b.left < a.right - 0.5 && a.top < b.bottom - 0.5 && b.top < a.bottom - 0.5) overlaps++;
+    const apart = a.right - 0.5 <= b.left || b.right - 0.5 <= a.left || a.bottom - 0.5 <= b.top
+                  || b.bottom - 0.5 <= a.top;
+    if (!apart) overlaps++;
   }
   return {n: boxes.length, overlaps};
 }"""

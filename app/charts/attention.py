@@ -224,7 +224,9 @@ def attention_heatmap(events, seq_id: int, layer: int, head: int, texts: list[st
     lay = layout(title, uirev,
                  xaxis=dict(title=dict(text=t["x_key"]), type="category", tickfont=dict(size=9), tickangle=-90,
                             showgrid=False),
-                 yaxis=dict(title=dict(text=t["y_query"]), type="category", autorange="reversed",
+                 # the first query on top, by an explicit range: autorange "reversed" is lost when Plotly.react
+                 # draws this over this chart's own placeholder (same uirevision), turning the triangle over
+                 yaxis=dict(title=dict(text=t["y_query"]), type="category", autorange=False, range=[n - 0.5, -0.5],
                             tickfont=dict(size=9), showgrid=False),
                  margin=dict(l=room + 30, r=20, t=40 + extra, b=room + 34), shapes=shapes,
                  height=room + 480 + extra)  # a plot area of about 400 px once the label margins are taken
@@ -301,7 +303,7 @@ def attention_heads_grid(events, seq_id: int, layer: int, texts: list[str] | Non
     lay = layout(title, uirev, annotations=notes, height=max(320, 150 * nrows + 70) + extra,
                  coloraxis=dict(colorscale=ATTN_COLORSCALE, cmin=0.0, cmax=1.0,
                                 colorbar=dict(title=dict(text=t["weight"]), thickness=10)),
-                 xaxis=hidden, yaxis=dict(hidden, autorange="reversed"),
+                 xaxis=hidden, yaxis=dict(hidden, autorange=False, range=[height - 0.5, -0.5]),  # see attention_heatmap
                  margin=dict(l=20, r=20, t=50 + extra, b=20))
     return figure([trace], lay)
 

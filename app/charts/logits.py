@@ -132,7 +132,7 @@ def logits_chart(seq_event_sampling: SamplingTrace | None, logit_stats: LogitSta
                  barmode="group", bargap=0.2, shapes=shapes,
                  # a forced token adds two subtitle lines (forced, would have sampled) and a row to the key
                  margin=dict(l=label_px(10, LABEL_CHARS + 1) + 8, r=20, t=60 + 32 * (forced is not None),
-                             b=72 + 14 * (forced is not None)),
+                             b=72 + 20 * (forced is not None)),
                  annotations=[legend_key(key, y=0, yanchor="top", yshift=-24)],  # under the tick labels
                  height=max(320, 20 * len(ids) + 130) + 46 * (forced is not None))
     return figure(data, lay)

@@ -235,7 +235,8 @@ def sampling_cdf_chart(sampling: SamplingTrace | None, lang: str = "en", forced:
                              marker=dict(symbol="star", size=14, color=ACCENT),
                              hovertemplate=f"{picked}: «{tok}»<extra></extra>"))
     else:
-        title = tx["cdf_title_would" if forced is not None else "cdf_title"].format(u=u, tok=tok, p=sampling.chosen_prob)
+        key = "cdf_title_would" if forced is not None else "cdf_title"
+        title = tx[key].format(u=u, tok=tok, p=sampling.chosen_prob)
         data.append(dict(type="scatter", name="u", mode="lines", x=[-0.5, m - 0.5], y=[u, u],
                          line=dict(color=U_COLOR, dash="dash", width=2),
                          hovertemplate=f"u = {u:.4f}<extra></extra>"))
@@ -253,7 +254,8 @@ def sampling_cdf_chart(sampling: SamplingTrace | None, lang: str = "en", forced:
                                 xanchor="right", yanchor="bottom", showarrow=False, font=dict(size=11, color="#777")))
     angle = -45 if m > 8 else 0
     lay = layout(title, UIREV_CDF, height=360 + 18 * (forced is not None), bargap=0.3, annotations=annotations,
-                 margin=dict(l=55, r=20, t=45 + 18 * (forced is not None), b=rotated_px(10, LABEL_CHARS, angle) + 30),  # see common.LABEL_CHARS
+                 # a forced token's title has a line more; the bottom fits LABEL_CHARS (see common.py)
+                 margin=dict(l=55, r=20, t=45 + 18 * (forced is not None), b=rotated_px(10, LABEL_CHARS, angle) + 30),
                  xaxis=dict(tickmode="array", tickvals=xs, ticktext=labels, range=[-0.6, max(m, 6) - 0.4],
                             tickfont=dict(size=10), title=dict(text=tx["draw_order"], font=dict(size=11)),
                             tickangle=angle),
@@ -270,7 +272,8 @@ def _forced_cdf(forced: Forced, tids: list[int], cum: list[float], p: list[float
         k = tids.index(forced.token)
         data.append(dict(type="scatter", name="forced", mode="markers+text", x=[k], y=[cum[k] - p[k] / 2],
                          marker=dict(symbol="diamond", size=13, color=FORCED_COLOR), text=[tx["forced_mark"]],
-                         textposition="middle right", textfont=dict(color=FORCED_COLOR, size=11),
+                         # under and beside the marker: a small slice sits on the staircase's line
+                         textposition="bottom right", textfont=dict(color=FORCED_COLOR, size=11),
                          hovertemplate=f"{tx['forced']}: «{label}»<extra></extra>"))
     else:
         annotations.append(dict(text=tx["forced_outside"].format(tok=label), x=1.0, y=0.12, xref="paper",
