@@ -70,6 +70,8 @@ def test_the_demo_preempts_the_long_request_and_recomputes_it(demo):
 def test_batch_segments_are_the_steps_batches(demo):
     s, _, short, long, _ = demo
     fig = timeline.timeline_chart(s.events, "en", s.owner)
+    # a replayed trace knows no owner of its own (""): the events say whose share they are
+    assert timeline.timeline_chart(s.events, "en", "") == timeline.timeline_chart(s.events, "en") == fig
     by = {tr["name"]: tr for tr in fig["data"]}
     batch = by["batch"]
     where = _by_step(batch)

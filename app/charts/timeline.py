@@ -117,14 +117,14 @@ def _waiting_hover(sid: int, mine: bool, ahead: int, preempted: bool, step: int,
     return line
 
 
-def _composition(events, me, tx) -> tuple[dict, dict, dict, int]:
-    """The batch, waiting and preemption traces of the upper plot, and the tallest stack."""
+def _composition(events, batches, me, tx) -> tuple[dict, dict, dict, int]:
+    """The batch, waiting and preemption traces of the upper plot, and the tallest stack (`batches`: each
+    event's batch_segments)."""
     bx, by, base, color, pattern, text, hover = [], [], [], [], [], [], []
     wx, wbase, wline, whover = [], [], [], []
     px, py, ptext, phover = [], [], [], []
     top = 1
-    for e in events:
-        segs = batch_segments(e, me)
+    for e, segs in zip(events, batches):
         for i, seg in enumerate(segs):
             bx.append(e.step)
             base.append(i)
@@ -164,10 +164,10 @@ def _composition(events, me, tx) -> tuple[dict, dict, dict, int]:
     return batch, waiting, preempt, top
 
 
-def _key_rows(events, me, tx) -> list[list[tuple[str, str, str]]]:
-    mine = sorted({seg["seq_id"] for e in events for seg in batch_segments(e, me) if seg["mine"]}
+def _key_rows(events, batches, me, tx) -> list[list[tuple[str, str, str]]]:
+    mine = sorted({seg["seq_id"] for segs in batches for seg in segs if seg["mine"]}
                   | {sid for e in events for sid in e.waiting if _mine(e, sid, me)})
-    others = any(not seg["mine"] for e in events for seg in batch_segments(e, me))
+    others = any(not seg["mine"] for segs in batches for seg in segs)
     seqs = [(BAR, seq_color(sid), f"{tx['seq']} #{sid}") for sid in mine[:8]]
     if others:
         seqs.append((BAR, OTHER_COLOR, tx["other_tabs"]))
@@ -189,7 +189,7 @@ def timeline_chart(events, lang: str = "en", me: str | None = None) -> dict:
     events = list(events or [])
     if not events:
         return empty(tx["timeline"], tx["no_steps"], UIREV_TIMELINE)
-    me = me if me is not None else my_owner(events)
+    me = me or my_owner(events)  # "" too: a replay knows no owner of its own
     kinds = [step_kind(e) for e in events]
     xs = [e.step for e in events]
     ys = [float(e.timing.step_ms) for e in events]
@@ -197,8 +197,9 @@ def timeline_chart(events, lang: str = "en", me: str | None = None) -> dict:
                  marker=dict(color=[KIND_COLORS[k] for k in kinds]),
                  customdata=[_step_hover(e, tx) for e in events],
                  hovertemplate="%{customdata}<br>" + tx["step_ms"] + "<extra></extra>")
-    batch, waiting, preempt, top = _composition(events, me, tx)
-    rows = _key_rows(events, me, tx)
+    batches = [batch_segments(e, me) for e in events]
+    batch, waiting, preempt, top = _composition(events, batches, me, tx)
+    rows = _key_rows(events, batches, me, tx)
     key_h = 16 * len(rows)
     few = max(xs) - min(xs) <= 16
     lay = layout(tx["timeline_title"], UIREV_TIMELINE, height=400 + key_h, barmode="overlay", bargap=0.15,
