@@ -21,7 +21,7 @@ WHAT_IF = {"en": "what-if", "ru": "что-если"}
 # Plotly drew it: its box relative to the figure, and the figure's own size (what its SVG is drawn at).
 TEXT_BOXES_JS = """(ids) => {
   const SEL = ".gtitle, .annotation-text, .legendtext, .xtick text, .ytick text, .cbaxis text, .cbtitle text, " +
-              ".g-xtitle text, .g-ytitle text";
+              ".g-xtitle text, .g-ytitle text, .textpoint text";
   const out = {};
   for (const id of ids) {
     const div = document.getElementById(id);
@@ -33,12 +33,17 @@ TEXT_BOXES_JS = """(ids) => {
       const r = el.getBoundingClientRect();
       if (el.closest(".hoverlayer") || !el.textContent.trim() || r.width < 1 || r.height < 1) continue;
       const tick = el.closest(".xtick, .ytick, .cbaxis");
+      const trace = el.closest(".trace"), cd = trace && trace.__data__;  // a point's label: is it clipped?
+      const clipped = !(cd && cd[0] && cd[0].trace && cd[0].trace.cliponaxis === false);
       const kind = tick ? "tick" : el.classList.contains("gtitle") ? "title" :
+                   el.closest(".textpoint") ? (clipped ? "point" : "label") :
                    el.classList.contains("legendtext") ? "legend" : "annotation";
       texts.push({text: el.textContent.trim().slice(0, 50), kind, axis: tick ? tick.parentNode.getAttribute("class") : "",
                   x0: r.left - at.left, y0: r.top - at.top, x1: r.right - at.left, y1: r.bottom - at.top});
     }
-    out[id] = {width: div._fullLayout.width, height: div._fullLayout.height, texts};
+    const s = div._fullLayout._size;  // the plot area, which clips a point's label
+    out[id] = {width: div._fullLayout.width, height: div._fullLayout.height, texts,
+               plot: [s.l, s.t, s.l + s.w, s.t + s.h]};
   }
   return out;
 }"""
@@ -51,26 +56,27 @@ ALL_DRAWN_JS = """() => { const s = window.inferlab.state;
 
 
 def default_flow(page) -> None:
-    """What a newcomer does first: a speculative request stepped a few times (early exit at the model's last
-    layer but one, greedy: drafts are accepted and rejected), a second, plain request beside it, and a what-if
-    on its sampling chain. The calculators draw themselves once the model is loaded."""
+    """What a newcomer does first, with speculative decoding on: a request stepped a few times (early exit at
+    the model's last layer but one, greedy: drafts are accepted and rejected), in a window as tall as the page,
+    so every panel is in view and the engine records what the layers panel shows. The calculators draw
+    themselves once the model is loaded."""
+    page.set_viewport_size({"width": page.viewport_size["width"],
+                            "height": page.evaluate("() => document.documentElement.scrollHeight")})
     page.click("#speculative > button, #speculative .label-wrap")
-    page.click("#spec_method label:has-text('early exit')")
+    page.check("#spec_method input[value=early_exit]")
     page.check("#spec_on input[type=checkbox]")
     page.fill("#temperature input[type=number]", "0")
     page.press("#temperature input[type=number]", "Enter")
-    time.sleep(0.5)  # the setting reaches the session before the first step
+    page.wait_for_timeout(500)  # the setting reaches the session before the first step
     for _ in range(5):
         click_and_wait(page, "#step")
-    page.uncheck("#spec_on input[type=checkbox]")
-    page.fill("#prompt textarea", "What is gravity?")
-    click_and_wait(page, "#add_request")
+
+
+def what_if_flow(page, lang: str) -> None:
+    """A plain request stepped twice and a what-if on its sampling chain (a speculative round has none)."""
     for _ in range(2):
         click_and_wait(page, "#step")
-    newest = page.evaluate("() => [...document.querySelectorAll('#focus-select option')].pop().value")
-    page.select_option("#focus-select", newest)
-    time.sleep(0.5)
-    what_if(page, "en", "0.8")
+    what_if(page, lang, "1.2")
 
 
 def what_if(page, lang: str, temperature: str) -> None:
@@ -80,10 +86,10 @@ def what_if(page, lang: str, temperature: str) -> None:
                            arg=WHAT_IF[lang], timeout=30000)
 
 
-def to_russian(page) -> None:
-    page.locator("#lang label", has_text="Русский").click()
-    page.wait_for_function("() => document.querySelector('#step').innerText.includes('Шаг')", timeout=30000)
-    what_if(page, "ru", "0.9")  # the language switch redraws the real chain: the what-if again, in Russian
+def switch_language(page, lang: str) -> None:
+    page.locator("#lang label", has_text={"en": "English", "ru": "Русский"}[lang]).click()
+    page.wait_for_function("w => document.querySelector('#step').innerText.includes(w)",
+                           arg={"en": "Step", "ru": "Шаг"}[lang], timeout=30000)
 
 
 def show_all(page, width: int) -> None:
@@ -98,14 +104,16 @@ def show_all(page, width: int) -> None:
     page.wait_for_timeout(500)  # Plotly's own resize after the window's (debounced)
 
 
-def text_problems(page) -> list[str]:
-    """Each chart text that runs off its chart, and each two texts of one chart that overlap."""
-    ids = page.evaluate("() => [...document.querySelectorAll('.il-chart')].map((e) => e.id)")
+def text_problems(page, ids: list[str] | None = None) -> list[str]:
+    """Each chart text that runs off its chart (a point's label: off the plot area, which clips it), and each
+    two texts of one chart that overlap (but data labels, which sit where their points are)."""
+    ids = ids or page.evaluate("() => [...document.querySelectorAll('.il-chart')].map((e) => e.id)")
     problems = []
     for cid, fig in page.evaluate(TEXT_BOXES_JS, ids).items():
-        texts = fig["texts"]
-        for t in texts:
-            if t["x0"] < -1 or t["y0"] < -1 or t["x1"] > fig["width"] + 1 or t["y1"] > fig["height"] + 1:
+        texts = [t for t in fig["texts"] if t["kind"] not in ("point", "label")]
+        for t in fig["texts"]:
+            x0, y0, x1, y1 = fig["plot"] if t["kind"] == "point" else (0, 0, fig["width"], fig["height"])
+            if t["x0"] < x0 - 1 or t["y0"] < y0 - 1 or t["x1"] > x1 + 1 or t["y1"] > y1 + 1:
                 problems.append(f"{cid}: {t['kind']} «{t['text']}» is cut by the chart's edge")
         for i, a in enumerate(texts):
             for b in texts[i + 1:]:
@@ -142,7 +150,7 @@ def main() -> None:
         default_flow(page)
         for lang in LANGS:
             if lang == "ru":
-                to_russian(page)
+                switch_language(page, "ru")
             for width in WIDTHS:
                 show_all(page, width)
                 for problem in text_problems(page):

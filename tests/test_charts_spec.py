@@ -131,7 +131,7 @@ def test_pq_chart_shows_p_q_and_the_residual_of_the_rejected_position(run):
         outline = p_bars[i]["marker"]["line"]["width"]
         assert [w > 0 for w in outline] == [t == d.draft for t in d.token_ids]
     # each panel's heading carries the verdict and the ratio/uniform number of its check
-    heads = [ann["text"] for ann in fig["layout"]["annotations"]]
+    heads = [ann["text"] for ann in fig["layout"]["annotations"] if ann.get("name") != "legend-key"]
     rejected = sp.draft[j]
     assert tx["verdict"]["rejected"] in heads[j] and f"u = {rejected.u:.3f}" in heads[j]
     assert fig["layout"]["title"]["text"].replace("<br>", " ") == tx["pq_title"].format(step=step)
@@ -152,7 +152,8 @@ def test_pq_chart_bonus_panel_and_empty_states(run):
 
     last = sp.dists[-1]
     assert p_bars[-1]["y"] == [last.p[i] for i in kept(last)]
-    own = [a for a in fig["layout"]["annotations"] if not a.get("name", "").startswith("axis-title:")]
+    own = [a for a in fig["layout"]["annotations"]
+           if not a.get("name", "").startswith("axis-title:") and a.get("name") != "legend-key"]
     assert tx["bonus_pos"] in own[-1]["text"]
     # q of a prompt-lookup draft is one-hot at the drafted token
     d = sp.dists[0]

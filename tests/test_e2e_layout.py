@@ -5,8 +5,8 @@ stays in view at every step and each step has run what it talks about; the page'
 picker names the charts."""
 import pytest
 
-from e2e_util import chromium_available, click_and_wait, open_lab, served_lab
-from screenshots import WIDTHS, default_flow, show_all, text_problems, to_russian
+from e2e_util import chromium_available, click_and_wait, ensure_drawn, open_lab, served_lab
+from screenshots import WIDTHS, default_flow, show_all, switch_language, text_problems, what_if, what_if_flow
 
 pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
 MIN_CHART_WIDTH = 400  # what app/charts/common.py wraps titles for (TITLE_CHARS); static/lab.css keeps to it
@@ -27,14 +27,28 @@ def lab(base_engine):
 def test_no_chart_text_overlaps_or_is_cut_at_any_width(lab):
     url, _app, b = lab
     page = open_lab(b, url, WIDTHS[0], 1000)
-    default_flow(page)
-    found = {}
+    found = []
+    # the what-if's header (badge, stage headers, title) on a plain request's sampling chain
     for lang in ("en", "ru"):
         if lang == "ru":
-            to_russian(page)
+            switch_language(page, "ru")
+            what_if(page, "ru", "1.4")
+        else:
+            what_if_flow(page, "en")
         for width in WIDTHS:
-            show_all(page, width)  # the same page resized: Plotly redraws each chart at its new width
-            found.update({f"{lang} {width}: {p}": 1 for p in text_problems(page)})
+            page.set_viewport_size({"width": width, "height": 1000})
+            ensure_drawn(page, "chart-sampling")
+            page.wait_for_timeout(600)  # Plotly's resize after the window's
+            found += [f"{lang} {width}: {p}" for p in text_problems(page, ["chart-sampling"])]
+    # the whole page after the default flow (a speculative request), the same page resized
+    click_and_wait(page, "#reset")
+    default_flow(page)
+    for lang in ("ru", "en"):
+        if lang == "en":
+            switch_language(page, "en")
+        for width in WIDTHS:
+            show_all(page, width)
+            found += [f"{lang} {width}: {p}" for p in text_problems(page)]
             cols = page.evaluate(COLUMNS_JS)
             # below 1000 px the controls stack above the panels; wider, they sit beside them
             assert cols["stacked"] if width < 1000 else cols["side"], (lang, width, cols)

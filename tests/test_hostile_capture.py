@@ -14,6 +14,7 @@ import torch
 
 from app.charts import attention as A
 from app.charts import embeddings as E
+from app.charts.common import TITLE_LINE
 from engine import Capture, SamplingParams
 from engine.model import ATTENTION_BLOCK_BYTES, ATTENTION_BUDGET, MIN_BLOCK_ROWS, Model
 
@@ -193,12 +194,14 @@ def test_heatmap_draws_the_kept_rows_and_says_what_was_kept(runs):
     title = fig["layout"]["title"]["text"].replace("<br>", " ")  # titles wrap (common.TITLE_CHARS)
     assert f"attention kept for the last {len(shown)} of the 256 positions shown" in title
     assert f"{256 - len(shown)} over the capture budget (24 MiB a step)" in title
-    assert fig["layout"]["margin"]["t"] == 40 + 2 * A.SUBTITLE_PX
-    ru = A.attention_heatmap(evs, rid, LAYER, HEAD, texts, "ru")["layout"]["title"]["text"]
+    # a line of title and two of subtitle, and a line more for each line the title wraps into (common.layout)
+    wrapped = fig["layout"]["title"]["text"].count("<br>") + 1 - 3
+    assert fig["layout"]["margin"]["t"] == 40 + 2 * A.SUBTITLE_PX + TITLE_LINE * wrapped
+    ru = A.attention_heatmap(evs, rid, LAYER, HEAD, texts, "ru")["layout"]["title"]["text"].replace("<br>", " ")
     assert f"внимание сохранено для последних {len(shown)} из 256 показанных позиций" in ru
     assert "сверх бюджета захвата (24 МиБ на шаг)" in ru
     # the first chunk alone: 45 of its 512 rows, the window of its last 256
-    first = A.attention_heatmap(evs[:1], rid, LAYER, HEAD, texts)["layout"]["title"]["text"]
+    first = A.attention_heatmap(evs[:1], rid, LAYER, HEAD, texts)["layout"]["title"]["text"].replace("<br>", " ")
     assert "the last 45 of the 256 positions shown" in first and "211 over the capture budget" in first
 
 

@@ -62,8 +62,9 @@ def _key(items: list[tuple[str, str, str]], left: int, chars: int = KEY_CHARS) -
     and the top margin it needs. A Plotly legend there wrapped by the chart's width and grew into the title; a
     key's rows are fixed (common.key_rows)."""
     rows = key_rows(items, chars)
-    key = legend_key(rows, x=0, xanchor="left", xshift=22 - left, align="left")
-    return key, ABOVE_PLOT + KEY_ROW * len(rows) + 6
+    # 8 px above the plot: the top tick label of the y axis reaches above it
+    key = legend_key(rows, x=0, xanchor="left", xshift=22 - left, yshift=8, align="left")
+    return key, ABOVE_PLOT + KEY_ROW * len(rows) + 8
 
 
 def _two_lines(label: str) -> str:
@@ -167,11 +168,12 @@ def fit_chart(rows: list[dict], model: str, dtype: str, context: int, reserve_fr
     labels = [" " + (tx["no_fit"] if r["weight_bytes"] > r["memory_bytes"] else tx["no_kv"] if r["n"] == 0
                      else tx["fit_n"].format(n=fmt_int(r["n"], lang))) for r in rows]
     data.append(dict(type="scatter", mode="text", name="n", y=ys, x=ends, text=labels, textposition="middle right",
+                     cliponaxis=False,
                      showlegend=False, hoverinfo="skip", textfont=dict(size=12, color="#222")))
     data.append(dict(type="scatter", mode="markers", name=tx["capacity"], y=ys,
                      x=[r["memory_bytes"] / gib for r in rows], showlegend=False, hoverinfo="skip",
                      marker=dict(symbol="line-ns", size=22, line=dict(width=2.5, color="#222"))))
-    xmax = max(ends) * 1.35
+    xmax = max(ends) * 1.45  # room for the "n seq." label after the longest bar
     items = [(BAR, MEM_COLORS[key], name) for key, name, _ in parts] + [(BAR, "#E45756", tx["no_fit"])] * any(over)
     key, top = _key(items, 150)
     lay = layout(title, UIREV_FIT, barmode="stack", height=max(300, 100 + 46 * len(rows)) + top,
@@ -266,7 +268,10 @@ def roofline_chart(device: dict, points: list[dict], dtype: str, lang: str = "en
                          customdata=[hover(p) for p in dtype_points], hovertemplate="%{customdata}<extra></extra>"))
     data.append(dict(type="scatter", name="points", mode="markers+text", x=[p["intensity"] for p in points],
                      y=[p["attainable"] for p in points], text=[p["label"] for p in points],
-                     textposition="top left", textfont=dict(size=11), showlegend=False,
+                     # a label on the side of its point away from the plot's nearer edge: "top left" of the
+                     # decode point at the left end was cut to "ode, batch 1" by the plot area
+                     textposition=["top right" if p["intensity"] < math.sqrt(lo * hi) else "top left" for p in points],
+                     textfont=dict(size=11), showlegend=False,
                      marker=dict(size=12, color=[KIND_COLORS[p["kind"]] for p in points],
                                  line=dict(color="white", width=1)),
                      customdata=[hover(p) for p in points], hovertemplate="%{customdata}<extra></extra>"))

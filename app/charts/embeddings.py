@@ -103,7 +103,8 @@ def embedding_pca(events, seq_id: int, texts: list[str] | None, lang: str = "en"
             type="scatter", mode="markers+text", name=name,
             x=coords[idx, 0], y=coords[idx, 1], customdata=[[positions[i]] for i in idx], hovertext=labels,
             text=[lab if i >= newest else "" for lab, i in zip(labels, idx)],
-            textposition="top center", textfont=dict(size=10, color=color),
+            # a point at the plot's edge keeps its label whole (the plot area would cut it)
+            textposition="top center", textfont=dict(size=10, color=color), cliponaxis=False,
             marker=dict(color=color, size=8, line=dict(color="white", width=1)),
             hovertemplate=f"{t['position']} %{{customdata[0]}} · %{{hovertext}}<br>"
                           f"PC1 %{{x:.3f}}, PC2 %{{y:.3f}}<extra>{name}</extra>"))

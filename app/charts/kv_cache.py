@@ -258,6 +258,8 @@ def kv_memory_chart(event, lang: str = "en") -> dict:
                  annotations=[legend_key(rows, x=0, xanchor="left", xshift=5 - 150, align="left")], bargap=0.35,
                  margin=dict(l=150, r=20, t=top, b=45),
                  xaxis=dict(title=dict(text=tx["bytes"]), tickformat=".3s", gridcolor="#EEE", rangemode="tozero"),
-                 yaxis=dict(categoryorder="array", categoryarray=[r_pool, r_paged, r_naive], autorange="reversed",
+                 yaxis=dict(categoryorder="array", categoryarray=[r_pool, r_paged, r_naive],
+                            # the pool on top, by an explicit range: "reversed" is lost over the page's placeholder
+                            autorange=False, range=[2.5, -0.5],
                             title=dict(text="")))
     return figure(data, lay)

@@ -243,7 +243,7 @@ def pq_chart(spec: SpecRound | None, step: int | None = None, lang: str = "en") 
                                 showarrow=False, font=dict(size=10)))
     series = [("p", P_COLOR), ("q", Q_COLOR)] + [("residual", RESIDUAL_COLOR)] * any(pn["residual"] for pn in panels)
     rows = key_rows([(BAR, color, tx[key]) for key, color in series])
-    annotations.insert(0, legend_key(rows, x=0, xanchor="left", y=0, yanchor="top", yshift=-PQ_TICKS, align="left"))
+    annotations.append(legend_key(rows, x=0, xanchor="left", y=0, yanchor="top", yshift=-PQ_TICKS, align="left"))
     title = tx["pq_title"].format(step=step) if step is not None else tx["pq_title_nostep"]
     headings = PQ_HEADER_ROW * (2 if n >= 3 else 1)
     lay = layout(markup(title), UIREV_PQ, barmode="group", bargap=0.2, height=260 + headings + KEY_ROW * len(rows),
