@@ -60,3 +60,32 @@ def test_a_running_sequence_keeps_the_panels(tab):
     out = apply(tab, Preview("What is gravity?", True, ""))
     assert not out.changed  # the page is not redrawn: the panels show the sequence
     assert "Name a fruit." in render.build_payload(tab, "en")["html"]["html-template"]
+
+
+def test_the_handlers_answer_junk_with_a_message(base_engine):
+    """The preview and the demo as Gradio calls them, with what a hostile client may send: a message, never a
+    traceback; the demo's own engine goes with the tab."""
+    from types import SimpleNamespace
+
+    from app.handlers import LabHandlers
+    from app.server import ModelHolder
+    from app.session import SessionRegistry
+
+    registry = SessionRegistry(base_engine, kv_memory=16 * 1024 * 1024)
+    holder = ModelHolder(ready=True, model_id=base_engine.model_id, spec=base_engine.spec,
+                         machine={"bandwidth": 20e9, "peak_flops": 100e9})
+    h = LabHandlers(registry, holder)
+    r = SimpleNamespace(session_hash="junk", headers={}, client=SimpleNamespace(host="203.0.113.7"))
+    for prompt, chat, system in ((None, None, None), (["x"], "yes", 3), ("x" * (MAX_PROMPT_CHARS + 1), True, ""),
+                                 ("ok", True, "y" * 10_000), ("<script>alert(1)</script>", True, "")):
+        out = h.preview(prompt, chat, system, "ru", "junk", None, "", None, "{bad json", request=r)
+        text = out if isinstance(out, str) else ""
+        assert "Traceback" not in text and "<script>" not in text
+    out, temperature, max_tokens = h.preemption_demo("xx", -5, 999, "", None, "", request=r)
+    assert "il-msg" in out and temperature["value"] == 0.0 and max_tokens["value"] == 40
+    s = registry.sessions["junk"]
+    assert s.own_room and len(s.seq_ids()) == 2
+    room = s.room
+    h.reset("en", "", request=r)  # Reset: back to the shared room, the demo's engine closed
+    assert not registry.sessions["junk"].own_room and room._closed
+    registry.drop("junk")
