@@ -14,6 +14,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.kernels import FORMATS
+
     ap = argparse.ArgumentParser(prog="python -m app", description="InferLab: a real LLM, one step at a time.")
     ap.add_argument("--model", default=os.environ.get("INFERLAB_MODEL", "bundled"),
                     help="'bundled' (default), a local Hugging Face directory, or a hub id")
@@ -31,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-minutes", type=float, default=float(os.environ.get("INFERLAB_IDLE_MINUTES", "5")),
                     help="a session whose page has no open websocket (an API client) is freed after this long "
                          "without an event")
+    ap.add_argument("--weights", default=os.environ.get("INFERLAB_WEIGHTS", "fp32"), choices=FORMATS,
+                    help="the format the projections run in: fp32 (the reference), bf16, int8 (per channel) or q4 "
+                         "(the bundled GGUF's own 4-bit weights); smaller is faster on a CPU")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("INFERLAB_THREADS", "0")),
                     help="torch threads for the engine (default: one core fewer than the machine has, at least 1: "
                          "the page-building threads need a core, and a full OpenMP team slows down when they "
@@ -56,9 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     app, holder = create_app(args.model, args.device, kv_memory=args.kv_memory_mb * 1024 * 1024,
                              max_sessions=args.max_sessions,
                              allowed_origins=tuple(args.allow_origin) if args.allow_origin else None,
-                             socketless_timeout_s=args.idle_minutes * 60)
+                             socketless_timeout_s=args.idle_minutes * 60, weights=args.weights)
     url = f"http://{args.host}:{args.port}"
-    print(f"InferLab on {url}  (model: {args.model}, device: {args.device}, torch threads: {compute.THREADS})",
+    print(f"InferLab on {url}  (model: {args.model}, weights: {args.weights}, device: {args.device}, "
+          f"torch threads: {compute.THREADS})",
           flush=True)
     # lecture mode: the presenter types this token into the page's "Lecture mode" box; viewers open /follow
     print(f"Lecture mode: presenter token {app.state.hub.token}  ·  viewers open {url}/follow", flush=True)

@@ -122,10 +122,12 @@ def live_model_preset(spec, *, name: str | None = None, model_id: str | None = N
 
 
 def live_model_preset_from_engine(engine) -> dict:
-    """live_model_preset for an engine.Engine: its spec, weight bytes per step and MACs per token."""
+    """live_model_preset for an engine.Engine: its spec, weight bytes per step and MACs per token, and the bytes
+    per weight its format reads (4 for fp32; ~0.6 for q4, scales and zeros included)."""
     m = engine.model
     return live_model_preset(engine.spec, model_id=engine.model_id, weight_bytes_per_step=m.weight_bytes_per_step,
-                             params_per_token=m.params_per_token, element_size=m.element_size)
+                             params_per_token=m.params_per_token,
+                             element_size=m.weight_bytes_per_step / m.params_per_step)
 
 
 def _short_name(model_id: str | None) -> str | None:

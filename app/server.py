@@ -51,6 +51,7 @@ class ModelHolder:
             self.error = f"Could not load model {self.source!r}: {type(exc).__name__}: {exc}"
             return
         self.model_id, self.spec = base.model_id, base.spec
+        log.info("weights %s; kernels: %s", base.model.weights, base.model.kernels())
         registry.base = base
         gc.freeze()  # what loading made lives as long as the process: later collections need not walk it
         self.ready, self.progress, self.message = True, 1.0, "ready"
@@ -83,7 +84,8 @@ def follow_html() -> str:
 
 def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | None = None, base=None,
                presenter_token: str | None = None, max_sessions: int = 24,
-               allowed_origins: tuple[str, ...] | None = None, socketless_timeout_s: float = 300.0):
+               allowed_origins: tuple[str, ...] | None = None, socketless_timeout_s: float = 300.0,
+               weights: str = "fp32"):
     """Build the FastAPI app. With `base` (an Engine) no loading happens: used by tests.
 
     `presenter_token`: the lecture-mode secret (default: $INFERLAB_PRESENTER_TOKEN, else a random one,
@@ -94,6 +96,7 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     $INFERLAB_ALLOWED_ORIGINS, comma-separated), e.g. a Space's https://NAME.hf.space.
     `socketless_timeout_s`: a session whose page has no open websocket (an API client) is freed after this long
     without an event.
+    `weights`: the format the model's projections run in ("fp32", "bf16", "int8", "q4": engine/kernels.py).
     """
     import os
 
@@ -124,7 +127,8 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
         holder.model_id, holder.spec, holder.ready, holder.progress = base.model_id, base.spec, True, 1.0
         holder.machine = {"bandwidth": measure_bandwidth(base.device), "peak_flops": measure_peak_flops(base.device)}
     else:
-        threading.Thread(target=holder.load, args=(registry,), daemon=True, name="model-loader").start()
+        threading.Thread(target=holder.load, args=(registry,), kwargs={"weights": weights}, daemon=True,
+                         name="model-loader").start()
 
     app = FastAPI(title="InferLab")
     plotly_js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"

@@ -4,12 +4,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .kernels import FORMATS
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine", description="Stream a completion from InferLab's engine.")
     ap.add_argument("prompt", help="the user message (or raw text with --raw)")
     ap.add_argument("--model", default="bundled", help="'bundled', a local Hugging Face directory, or a hub id")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or mps")
+    ap.add_argument("--weights", default="fp32", choices=FORMATS,
+                    help="the projections' format: fp32 (the reference), bf16, int8 or q4 (the GGUF's 4-bit weights)")
     ap.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     ap.add_argument("--system", default=None, help="system prompt for the chat template")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -22,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--presence-penalty", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    ap.add_argument("--stats", action="store_true", help="print TTFT, TPOT and the finish reason at the end")
+    ap.add_argument("--stats", action="store_true",
+                    help="print the kernel chosen for each projection, and TTFT, TPOT and the finish reason at the end")
     args = ap.parse_args(argv)
 
     from . import Engine, ModelLoadError, SamplingParams
@@ -34,8 +39,11 @@ def main(argv: list[str] | None = None) -> int:
             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty, seed=args.seed,
             stop=tuple(args.stop))
         eng = Engine.from_pretrained(
-            args.model, device=args.device,
+            args.model, device=args.device, weights=args.weights,
             progress=lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr, flush=True))
+        if args.stats:  # measured at load on this machine (engine/kernels.py)
+            for name, k in eng.model.kernels().items():
+                print(f"[{name:>7}: {k['format']}; decode {k['decode']}; prefill {k['prefill']}]", file=sys.stderr)
         rid = eng.add_request(args.prompt, params, chat=not args.raw, system=args.system)
         for ev in eng._drive(rid):
             if ev.emitted:

@@ -30,13 +30,13 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from . import compute, metrics
+from . import compute, kernels, metrics
 from . import speculative as spec_mod
 from .checks import StepFailed, as_bool, as_instance, as_int, as_text, as_token_ids, type_error, value_error
 from .events import CaptureData, LogitStats, SeqEvent, StepEvent
 from .kv_cache import BlockManager, KVFormula, KVStats, kv_block_preserver, kv_bytes_per_token, num_blocks_for_budget
 from .loader import LoadedModel, load
-from .model import Capture, KVStorage, Model, ModelSpec, SeqInput
+from .model import Capture, KVStorage, Model, SeqInput
 from .sampling import MAX_TOP_N, SamplingParams, SamplingTrace, sample, sampling_probs, trace_chain
 from .scheduler import ScheduledSeq, Scheduler, Sequence, Status
 from .speculative import (AdaptiveK, Draft, DraftRequest, RoundDist, RoundDraft, RoundFinal, RoundResidual,
@@ -172,9 +172,15 @@ class Engine:
     @classmethod
     @compute.routed
     def from_pretrained(cls, source: str = "bundled", device: str = "cpu", dtype: torch.dtype | None = None,
-                        progress: Callable[[float, str], None] | None = None, **kwargs) -> "Engine":
+                        progress: Callable[[float, str], None] | None = None, weights: str = "fp32",
+                        **kwargs) -> "Engine":
+        """weights: the format the projections run in (engine/kernels.py): "fp32" (the reference), "bf16",
+        "int8" (per channel) or "q4" (the bundled GGUF's own 4-bit weights)."""
         # everything is checked before the (seconds-long) load
         source = as_text("source", source, MAX_SOURCE_CHARS)
+        if weights not in kernels.FORMATS:
+            raise (type_error if not isinstance(weights, str) else value_error)(
+                "weights", "one of " + ", ".join(map(repr, kernels.FORMATS)), weights)
         device = _check_device(device)
         if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise (type_error if not isinstance(dtype, torch.dtype) else value_error)(
@@ -192,7 +198,9 @@ class Engine:
         loaded = load(source, progress)
         if progress:
             progress(0.9, "Preparing weights for our forward pass")
-        model = Model(ModelSpec.from_config(loaded.config), loaded.state_dict, device=device, dtype=dtype)
+        if weights in ("int8", "q4") and (device != "cpu" or dtype != torch.float32):
+            raise ValueError(f"weights={weights!r} runs on the CPU with float32 activations (torch's CPU kernels)")
+        model = Model.from_loaded(loaded, device=device, dtype=dtype, weights=weights)
         loaded.state_dict = {}  # the model keeps its own re-laid-out copies
         if progress:
             progress(1.0, "Ready")
@@ -501,10 +509,10 @@ class Engine:
         if self._embed_norms is None:
             self._embed_norms = emb.float().norm(dim=-1).clamp_min(1e-12)
         head = self.model.head
-        if head.weight.data_ptr() == emb.data_ptr():
-            # tied embeddings: the LM head's kernel computes these dot products (~2x faster on CPU than a
-            # plain matrix-vector product; one runs after every step the lab shows)
-            dots = head(emb[token_id][None], prefer_packed=True)[0].float()
+        if head.prefill.weight.data_ptr() == emb.data_ptr():
+            # tied float32 embeddings: the LM head's kernel computes these dot products (~2x faster on CPU
+            # than a plain matrix-vector product; one runs after every step the lab shows)
+            dots = head(emb[token_id][None], prefer_decode=True)[0].float()
         else:
             dots = emb.float() @ emb[token_id].float()
         cos = dots / (self._embed_norms * self._embed_norms[token_id])

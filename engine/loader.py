@@ -38,6 +38,7 @@ class LoadedModel:
     state_dict: dict[str, torch.Tensor]
     model_id: str
     source_dir: Path  # a directory transformers can load (used by the parity tests)
+    gguf: Path | None = None  # the quantized file the weights were dequantised from (weights="q4" runs it)
 
 
 def cache_root() -> Path:
@@ -160,7 +161,9 @@ def load(source: str = BUNDLED, progress: Progress | None = None) -> LoadedModel
     source = source.strip()
     if source == BUNDLED:
         directory = bundled_dir(progress)
-        return _load_dir(directory, BUNDLED_ID, progress)
+        loaded = _load_dir(directory, BUNDLED_ID, progress)
+        loaded.gguf = bundled_gguf_path()
+        return loaded
     path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():

@@ -6,11 +6,9 @@ and single decode tokens mixed). Projections and the MLP run once over all rows;
 pool through its slots (block table → physical slots, computed by the scheduler).
 
 Weights are re-laid out once at load: q/k/v fused into one matrix and gate/up into another, so a layer makes
-four weight reads instead of seven. On CPU (fp32) each matrix is also pre-packed for oneDNN, whose matmul
-streams the weights with both cores where MKL's sgemm runs a batch-1 product on one. Measured here on the
-30 layers' matrices: oneDNN 24 GB/s at batch 1 and 22 GB/s at batch 8, against 17 and 7 GB/s for `x @ W.T`
-(contiguous, pre-transposed) and 12 and 7 GB/s for `F.linear`. Batch-1 decode is purely memory-bound, so
-that is the whole game (see `Linear`).
+four weight reads instead of seven. Each matrix is stored in the chosen weight format (fp32, bf16, int8, q4)
+and runs the kernel measured fastest for it on this machine, one for decode-sized and one for prefill-sized
+inputs (engine/kernels.py). Batch-1 decode is purely memory-bound: the bytes per weight are the whole game.
 
 Instrumentation (attention probabilities, logit lens, residual norms, embeddings) is computed only when a
 `Capture` is passed for some sequence of the batch; without it the layers run as one TorchScript call
@@ -25,7 +23,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from . import scripted
+from . import kernels, scripted
+from .kernels import Linear
 
 
 @dataclass(frozen=True)
@@ -158,43 +157,6 @@ class SeqInput:
     logits_rows: int = 1  # how many trailing rows need logits (1 for sampling, k+1 for verification)
 
 
-def _onednn_available() -> bool:
-    try:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    except Exception:
-        return False
-
-
-class Linear:
-    """y = x @ W.T (+ b), with the weight laid out once for the fastest kernel on its device.
-
-    Decode-sized inputs (a few rows) on CPU go through a oneDNN-packed copy of the weight: it streams memory
-    with both cores, and batch-1 decode is nothing but a memory stream. Prefill-sized inputs go through
-    `F.linear` on the plain weight, the same MKL kernel transformers uses, so prompt logits agree with the
-    reference to ~1e-5 rather than the ~1e-4 that a different summation order gives after 30 layers.
-    The price is a second copy of the weights in memory on CPU.
-    """
-
-    PACKED_MAX_ROWS = 16
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.out_features, self.in_features = weight.shape
-        self.numel = weight.numel() + (0 if bias is None else bias.numel())
-        self.element_size = weight.element_size()
-        self.weight, self.bias = weight.contiguous(), bias
-        self.packed = None
-        if weight.device.type == "cpu" and weight.dtype == torch.float32 and _onednn_available():
-            try:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight)
-            except RuntimeError:
-                self.packed = None
-
-    def __call__(self, x: torch.Tensor, prefer_packed: bool = False) -> torch.Tensor:
-        # the one kernel choice, shared with the scripted layers (engine/scripted.py)
-        return scripted.linear(x, self.weight, self.packed, self.bias,
-                               x.shape[0] if prefer_packed else self.PACKED_MAX_ROWS)
-
-
 class KVStorage:
     """The physical K/V pool: one [slots, kv_heads, head_dim] tensor per layer for K and for V."""
 
@@ -217,32 +179,42 @@ class KVStorage:
 
 
 class Model:
-    def __init__(self, spec: ModelSpec, state: dict[str, torch.Tensor], device="cpu", dtype=torch.float32):
+    def __init__(self, spec: ModelSpec, state: dict[str, torch.Tensor], device="cpu", dtype=torch.float32,
+                 weights: str = "fp32", q4: dict | None = None, measure: bool = True):
+        """state: float32 weights by checkpoint name. weights: the projections' format (engine/kernels.py);
+        q4: for weights="q4", {name: (codes, scale, low)} of every projection (engine/quant.py)."""
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
+        self.weights = weights
         H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        if weights in ("int8", "q4") and dtype != torch.float32:
+            raise ValueError(f"weights={weights!r} runs with float32 activations: leave dtype at torch.float32")
 
         def w(name):
             return state[name].to(device=self.device, dtype=dtype)
 
         self.embed = w("model.embed_tokens.weight")
         head = self.embed if spec.tie_word_embeddings or "lm_head.weight" not in state else w("lm_head.weight")
-        self.head = Linear(head)
         self.final_norm = w("model.norm.weight")
-        self.layers = []
-        for i in range(spec.num_layers):
-            p = f"model.layers.{i}."
-            qkv = torch.cat([w(p + "self_attn.q_proj.weight"), w(p + "self_attn.k_proj.weight"),
-                             w(p + "self_attn.v_proj.weight")])
-            bias = None
-            if spec.qkv_bias:
-                bias = torch.cat([w(p + "self_attn.q_proj.bias"), w(p + "self_attn.k_proj.bias"),
-                                  w(p + "self_attn.v_proj.bias")])
-            gate_up = torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")])
-            self.layers.append(dict(
-                in_norm=w(p + "input_layernorm.weight"), post_norm=w(p + "post_attention_layernorm.weight"),
-                qkv=Linear(qkv, bias), o=Linear(w(p + "self_attn.o_proj.weight")),
-                gate_up=Linear(gate_up), down=Linear(w(p + "mlp.down_proj.weight")),
-            ))
+        names = [f"model.layers.{i}." for i in range(spec.num_layers)]
+        proj = {  # the fused matrices: four weight reads per layer instead of seven
+            "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+            "o": ("self_attn.o_proj",), "gate_up": ("mlp.gate_proj", "mlp.up_proj"), "down": ("mlp.down_proj",)}
+        built = {}
+        for key, parts in proj.items():
+            mats = [torch.cat([w(p + part + ".weight") for part in parts]) for p in names]
+            biases = [torch.cat([w(p + part + ".bias") for part in parts]) if spec.qkv_bias and key == "qkv"
+                      else None for p in names]
+            codes = None
+            if weights == "q4":
+                codes = [tuple(torch.cat([q4[p + part + ".weight"][j] for part in parts]) for j in range(3))
+                         for p in names]
+            built[key] = kernels.build(weights, mats, biases, key, codes, measure)
+        # the head has no 4-bit codes (the bundled GGUF stores it as Q8_0, group-wise 8-bit, which no torch CPU
+        # kernel runs): under q4 it is int8 per channel
+        head_fmt = "int8" if weights == "q4" else weights
+        self.head = kernels.build(head_fmt, [head], [None], "head", None, measure)[0]
+        self.layers = [dict(in_norm=w(p + "input_layernorm.weight"), post_norm=w(p + "post_attention_layernorm.weight"),
+                            **{key: built[key][i] for key in proj}) for i, p in enumerate(names)]
         self.q_size, self.kv_size = H * D, KV * D
         self.scale = 1.0 / math.sqrt(D)
         self._script_args = self._scripted_weights()
@@ -253,15 +225,37 @@ class Model:
         self.cos = emb.cos().to(device=self.device, dtype=dtype)
         self.sin = emb.sin().to(device=self.device, dtype=dtype)
 
+    @classmethod
+    def from_loaded(cls, loaded, device="cpu", dtype=torch.float32, weights: str = "fp32") -> "Model":
+        """Our model over a LoadedModel's state dict, its projections in `weights` (q4: the GGUF's own codes)."""
+        spec = ModelSpec.from_config(loaded.config)
+        q4 = None
+        if weights == "q4":
+            from .quant import NoQ4Weights, read_q4_1
+
+            if loaded.gguf is None:
+                raise NoQ4Weights(f"weights='q4' runs the 4-bit weights of a GGUF file, and {loaded.model_id} was "
+                                  "not loaded from one; use weights='int8' or 'bf16' for a smaller format")
+            q4 = read_q4_1(loaded.gguf, spec.num_heads, spec.num_kv_heads)
+        return cls(spec, loaded.state_dict, device=device, dtype=dtype, weights=weights, q4=q4)
+
     def _scripted_weights(self) -> dict:
         """The layers' tensors as the flat lists engine.scripted.layers takes (built once)."""
         mats = [layer[name] for layer in self.layers for name in ("qkv", "o", "gate_up", "down")]
+        kerns = [k for m in mats for k in (m.decode, m.prefill)]
         spec = self.spec
         return dict(in_norm=[layer["in_norm"] for layer in self.layers],
                     post_norm=[layer["post_norm"] for layer in self.layers],
-                    weights=[m.weight for m in mats], packed=[m.packed for m in mats], biases=[m.bias for m in mats],
+                    kinds=[k.kind for k in kerns], weights=[k.weight for k in kerns], aux=[k.aux for k in kerns],
+                    biases=[m.bias for m in mats],
                     dims=[spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size],
-                    eps=spec.rms_norm_eps, scale=self.scale, packed_max_rows=Linear.PACKED_MAX_ROWS)
+                    eps=spec.rms_norm_eps, scale=self.scale, decode_max_rows=kernels.DECODE_MAX_ROWS)
+
+    def kernels(self) -> dict:
+        """Which kernel runs each projection, for decode and for prefill (the same for every layer)."""
+        layer = self.layers[0]
+        return {name: layer[name].describe() for name in ("qkv", "o", "gate_up", "down")} | \
+            {"head": self.head.describe()}
 
     # ---- sizes used by metrics -------------------------------------------------------------
     @property
@@ -270,11 +264,20 @@ class Model:
 
     @property
     def weight_bytes_per_step(self) -> int:
-        """Bytes of weights one forward must read: every layer matrix, the norms and the head once."""
+        """Bytes of weights one decode step reads: every layer matrix (in its decode kernel's format), the
+        norms and the head once."""
+        n = self.head.nbytes + self.final_norm.numel() * self.element_size
+        for layer in self.layers:
+            n += sum(v.nbytes if isinstance(v, Linear) else v.numel() * v.element_size() for v in layer.values())
+        return n
+
+    @property
+    def params_per_step(self) -> int:
+        """Weights one decode step reads (whatever bytes each takes in its format)."""
         n = self.head.numel + self.final_norm.numel()
         for layer in self.layers:
             n += sum(v.numel if isinstance(v, Linear) else v.numel() for v in layer.values())
-        return n * self.element_size
+        return n
 
     @property
     def params_per_token(self) -> int:
@@ -292,8 +295,8 @@ class Model:
         # x: [N, heads, D]; cos/sin: [N, 1, D]. Rotate-half convention, as in the HF checkpoints.
         return scripted.rope(x, cos, sin)
 
-    def logits(self, hidden: torch.Tensor, prefer_packed: bool = False) -> torch.Tensor:
-        return self.head(self.rms_norm(hidden, self.final_norm), prefer_packed).float()
+    def logits(self, hidden: torch.Tensor, prefer_decode: bool = False) -> torch.Tensor:
+        return self.head(self.rms_norm(hidden, self.final_norm), prefer_decode).float()
 
     # ---- the forward --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -395,13 +398,13 @@ class Model:
         final = x[rows]
         lens_in = self._lens_inputs(caps, residuals, offsets, capture) if capture is not None else {}
         sizes = [t.shape[0] for t in lens_in.values()]
-        if (lens_in and self.head.packed is not None and final.shape[0] <= Linear.PACKED_MAX_ROWS
+        if (lens_in and self.head.decode_invariant and final.shape[0] <= kernels.DECODE_MAX_ROWS
                 and sum(sizes) <= LENS_BLOCK_ROWS):
             # One pass over the LM head (the largest matrix; a decode step is a memory stream) for the real
             # logits and the lens rows together: ~2 ms of a ~48 ms decode step on 2 CPU cores. The real rows
-            # take the packed kernel anyway at this count, and it gives a row the same result in any batch of
+            # take the decode kernel anyway at this count, and it gives a row the same result in any batch of
             # rows (tests/test_engine.py checks the logits bitwise).
-            both = self.logits(torch.cat([final] + list(lens_in.values())), prefer_packed=True)
+            both = self.logits(torch.cat([final] + list(lens_in.values())), prefer_decode=True)
             logits = both[: final.shape[0]]
             lens_top = {i: self._lens_top(rows, capture.lens_top_k)
                         for i, rows in zip(lens_in, both[final.shape[0]:].split(sizes))}
@@ -420,9 +423,9 @@ class Model:
         slots, mask = decode_ctx if decode_ctx is not None else (None, None)
         return scripted.LAYERS(
             x, cos, sin, new_slots, kv.k_layers[:num_layers], kv.v_layers[:num_layers],
-            a["in_norm"][:num_layers], a["post_norm"][:num_layers], a["weights"][: 4 * num_layers],
-            a["packed"][: 4 * num_layers], a["biases"][: 4 * num_layers], a["dims"], a["eps"], a["scale"],
-            a["packed_max_rows"], slots, mask, offsets, [s.start_pos for s in seqs],
+            a["in_norm"][:num_layers], a["post_norm"][:num_layers], a["kinds"][: 8 * num_layers],
+            a["weights"][: 8 * num_layers], a["aux"][: 8 * num_layers], a["biases"][: 4 * num_layers], a["dims"],
+            a["eps"], a["scale"], a["decode_max_rows"], slots, mask, offsets, [s.start_pos for s in seqs],
             [] if decode_ctx is not None else [s.slots.to(self.device) for s in seqs])
 
     def _lens_top(self, rows: torch.Tensor, k: int, head: bool = False):
@@ -430,7 +433,7 @@ class Model:
         are logits, or with head=True final hidden states that go through the final norm and head first."""
         ids, probs = [], []
         for block in rows.split(LENS_BLOCK_ROWS):
-            top = torch.softmax(self.logits(block, prefer_packed=True) if head else block, dim=-1).topk(k, dim=-1)
+            top = torch.softmax(self.logits(block, prefer_decode=True) if head else block, dim=-1).topk(k, dim=-1)
             ids.append(top.indices)
             probs.append(top.values)
         return (torch.cat(ids), torch.cat(probs)) if len(ids) > 1 else (ids[0], probs[0])

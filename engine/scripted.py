@@ -27,13 +27,43 @@ import torch
 import torch.nn.functional as F
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-           packed_max_rows: int) -> torch.Tensor:
-    """engine.model.Linear's choice: the oneDNN-packed weight for decode-sized inputs, else MKL's F.linear."""
-    if packed is not None and x.size(0) <= packed_max_rows:
+# The matmul kernels of engine.kernels (`matmul` spells them as literals: TorchScript functions cannot read
+# module globals)
+MKL, ONEDNN, INT8, INT4 = 0, 1, 2, 3
+
+
+def matmul(x: torch.Tensor, kind: int, weight: torch.Tensor, aux: Optional[torch.Tensor],
+           bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x @ W.T (+ bias) with one of engine.kernels' kernels. Inputs are cast to the weight's dtype (bf16 for the
+    quantized kernels, which are fast only with bf16 activations) and results back to x's dtype."""
+    same = x.dtype == weight.dtype
+    if kind == 1:  # ONEDNN
         no_scalars: List[Optional[Union[float, int, complex]]] = []  # TorchScript's spelling of Scalar?[]
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", no_scalars, "")
-    return F.linear(x, weight, bias)
+        y = torch.ops.mkldnn._linear_pointwise(x if same else x.to(weight.dtype), weight, bias if same else None,
+                                               "none", no_scalars, "")
+    elif kind == 2:  # INT8
+        assert aux is not None
+        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), weight, aux)
+        same = False
+    elif kind == 3:  # INT4
+        assert aux is not None
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), weight, 32, aux)
+        same = False
+    else:
+        y = F.linear(x if same else x.to(weight.dtype), weight, bias if same else None)
+    if not same:
+        y = y.to(x.dtype)
+        if bias is not None:
+            y = y + bias
+    return y
+
+
+def proj(x: torch.Tensor, i: int, kinds: List[int], weights: List[torch.Tensor], aux: List[Optional[torch.Tensor]],
+         biases: List[Optional[torch.Tensor]], decode_max_rows: int) -> torch.Tensor:
+    """Matrix i of the layers (4 per layer): engine.kernels.Linear's choice between its decode kernel (entries
+    2i of kinds/weights/aux) and its prefill kernel (2i + 1) by the number of rows."""
+    j = 2 * i if x.size(0) <= decode_max_rows else 2 * i + 1
+    return matmul(x, kinds[j], weights[j], aux[j], biases[i])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -88,22 +118,23 @@ def attend_seqs(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, off
 def layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, new_slots: torch.Tensor,
            k_pools: List[torch.Tensor], v_pools: List[torch.Tensor],
            in_norm: List[torch.Tensor], post_norm: List[torch.Tensor],
-           weights: List[torch.Tensor], packed: List[Optional[torch.Tensor]], biases: List[Optional[torch.Tensor]],
-           dims: List[int], eps: float, scale: float, packed_max_rows: int,
+           kinds: List[int], weights: List[torch.Tensor], aux: List[Optional[torch.Tensor]],
+           biases: List[Optional[torch.Tensor]], dims: List[int], eps: float, scale: float, decode_max_rows: int,
            decode_slots: Optional[torch.Tensor], decode_mask: Optional[torch.Tensor],
            offsets: List[int], starts: List[int], seq_slots: List[torch.Tensor]) -> torch.Tensor:
     """Every layer of Model.forward's hot path; returns the residual stream after the last one.
 
-    weights/packed/biases hold four matrices per layer (qkv, o, gate_up, down), in that order. dims: heads,
-    kv heads, head dim, intermediate size. decode_slots given: every sequence decodes one token (one padded
-    attention call); else attention runs per sequence over offsets/starts/seq_slots.
+    Four matrices per layer (qkv, o, gate_up, down), in that order: biases has one entry per matrix, and
+    kinds/weights/aux two (its decode kernel, then its prefill kernel; see `proj`). dims: heads, kv heads,
+    head dim, intermediate size. decode_slots given: every sequence decodes one token (one padded attention
+    call); else attention runs per sequence over offsets/starts/seq_slots.
     """
     H, KV, D, inter = dims[0], dims[1], dims[2], dims[3]
     q_size, kv_size = H * D, KV * D
     for li in range(len(in_norm)):
-        w = 4 * li
+        m = 4 * li
         h = rms_norm(x, in_norm[li], eps)
-        qkv = linear(h, weights[w], packed[w], biases[w], packed_max_rows)
+        qkv = proj(h, m, kinds, weights, aux, biases, decode_max_rows)
         qk = rope(qkv[:, : q_size + kv_size].view(-1, H + KV, D), cos, sin)
         q, k = qk[:, :H], qk[:, H:]
         v = qkv[:, q_size + kv_size:].view(-1, KV, D)
@@ -113,11 +144,10 @@ def layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, new_slots: tor
             out = attend_decode(q, k_pools[li], v_pools[li], decode_slots, decode_mask, KV, D, scale)
         else:
             out = attend_seqs(q, k_pools[li], v_pools[li], offsets, starts, seq_slots)
-        x = x + linear(out.reshape(-1, H * D), weights[w + 1], packed[w + 1], biases[w + 1], packed_max_rows)
+        x = x + proj(out.reshape(-1, H * D), m + 1, kinds, weights, aux, biases, decode_max_rows)
         h = rms_norm(x, post_norm[li], eps)
-        gu = linear(h, weights[w + 2], packed[w + 2], biases[w + 2], packed_max_rows)
-        x = x + linear(F.silu(gu[:, :inter]) * gu[:, inter:], weights[w + 3], packed[w + 3], biases[w + 3],
-                       packed_max_rows)
+        gu = proj(h, m + 2, kinds, weights, aux, biases, decode_max_rows)
+        x = x + proj(F.silu(gu[:, :inter]) * gu[:, inter:], m + 3, kinds, weights, aux, biases, decode_max_rows)
     return x
 
 

@@ -34,9 +34,9 @@ import numpy as np
 import torch
 
 from . import metrics
-from .checks import as_bool, as_int, as_text, short_repr, type_error
+from .checks import as_bool, as_int, as_text, short_repr, type_error, value_error
 from .kv_cache import BlockManager, kv_block_preserver
-from .model import KVStorage, Model, ModelSpec, SeqInput
+from .model import KVStorage, Model, SeqInput
 from .records import Record
 from .tokenizer import DetokStep
 from .sampling import SamplingParams, sampling_probs
@@ -61,6 +61,9 @@ class SpeculativeConfig:
     num_tokens: int = 4
     exit_layer: int | None = None  # "early_exit": layers the drafter runs (default: a third of the model)
     draft_model: Any = None  # "draft": a model source ("bundled", a directory, a hub id) or an Engine to reuse
+    # "draft": the weight format the draft model runs in (engine/kernels.py). The target's own source in "q4"
+    # is the seeds' "one artifact, two serving profiles": its 4-bit kernels draft for its float32 self.
+    draft_weights: str = "fp32"
     adaptive: bool = False  # choose k each round from recent acceptance and the measured draft cost
     ngram_min: int = 1  # "ngram": shortest suffix to look up
     ngram_max: int = 4  # "ngram": longest suffix to look up (tried first)
@@ -85,6 +88,15 @@ class SpeculativeConfig:
             raise ValueError("method 'draft' needs draft_model: a model source or an Engine")
         if self.method != "draft" and src is not None:
             raise ValueError("draft_model applies to method 'draft' only")
+        from .kernels import FORMATS
+
+        if self.draft_weights not in FORMATS:
+            raise (type_error if not isinstance(self.draft_weights, str) else value_error)(
+                "draft_weights", "one of " + ", ".join(map(repr, FORMATS)), self.draft_weights)
+        if self.method != "draft" and self.draft_weights != "fp32":
+            raise ValueError("draft_weights applies to method 'draft' only")
+        if self.draft_weights != "fp32" and src is not None and not isinstance(src, str):
+            raise ValueError("draft_weights needs draft_model as a model source: an Engine runs its own weights")
         if isinstance(src, str):
             as_text("draft_model", src, MAX_SOURCE_CHARS)
             if not src.strip():
@@ -106,7 +118,8 @@ class SpeculativeConfig:
 
     def to_dict(self) -> dict:
         return {"method": self.method, "num_tokens": self.num_tokens, "exit_layer": self.exit_layer,
-                "draft_model": self.draft_source_name(), "adaptive": self.adaptive,
+                "draft_model": self.draft_source_name(), "draft_weights": self.draft_weights,
+                "adaptive": self.adaptive,
                 "ngram_min": self.ngram_min, "ngram_max": self.ngram_max}
 
 
@@ -585,26 +598,25 @@ def _same_source(engine, source: str) -> bool:
         return False
 
 
-def resolve_draft_model(engine, source) -> tuple[Any, Model]:
-    """(LoadedModel, Model) of a draft source; the target's own weights are reused when the source is the target.
-
-    Loaded models are cached in the registry shared by an engine and its sessions.
-    """
+def resolve_draft_model(engine, source, weights: str = "fp32") -> tuple[Any, Model]:
+    """(LoadedModel, Model) of a draft source in a weight format; the target's own model is reused when the
+    source is the target and the format its own. Loaded models are cached in the registry shared by an engine
+    and its sessions."""
     if hasattr(source, "loaded") and hasattr(source, "model"):  # an Engine: reuse its weights as they are
         loaded, model = source.loaded, source.model
     elif isinstance(source, str) and source.strip():
-        if _same_source(engine, source):
+        key = source if weights == "fp32" else (source, weights)
+        if _same_source(engine, source) and weights == engine.model.weights:
             loaded, model = engine.loaded, engine.model
-        elif source in engine._draft_models:
-            loaded, model = engine._draft_models[source]
+        elif key in engine._draft_models:
+            loaded, model = engine._draft_models[key]
         else:
             from .loader import load
 
             loaded = load(source)
-            model = Model(ModelSpec.from_config(loaded.config), loaded.state_dict, device=engine.model.device,
-                          dtype=engine.model.dtype)
+            model = Model.from_loaded(loaded, device=engine.model.device, dtype=engine.model.dtype, weights=weights)
             loaded.state_dict = {}
-            engine._draft_models[source] = (loaded, model)
+            engine._draft_models[key] = (loaded, model)
     else:
         raise ValueError(f"draft_model must be a model source (str) or an Engine (got {type(source).__name__})")
     if not same_tokenizer(loaded.tokenizer, engine.tokenizer):
@@ -631,12 +643,13 @@ def make_drafter(engine, cfg: SpeculativeConfig):
         # one instance per exit layer, so requests exiting at the same layer draft in one batched forward
         return engine._drafters.setdefault(("early_exit", exit_layer),
                                            EarlyExitDrafter(engine.model, engine.kv, exit_layer))
-    loaded, model = resolve_draft_model(engine, cfg.draft_model)
+    loaded, model = resolve_draft_model(engine, cfg.draft_model, cfg.draft_weights)
     key = ("draft", id(model))
     drafter = engine._drafters.get(key)
     if drafter is None:  # one draft KV pool per engine session and draft model, shared by its requests
         blocks = engine.blocks.num_blocks + 2 * engine.scheduler.max_num_seqs
-        drafter = DraftModelDrafter(model, loaded.model_id, blocks, engine.block_size)
+        name = loaded.model_id if model.weights == "fp32" else f"{loaded.model_id} [{model.weights}]"
+        drafter = DraftModelDrafter(model, name, blocks, engine.block_size)
         engine._drafters[key] = drafter
     return drafter
 

@@ -1,0 +1,186 @@
+"""Weight formats and the matmul kernels that run them, chosen by measurement on the machine at hand.
+
+A decode step reads every weight once to produce a handful of rows: it is a memory stream, and the bytes per
+weight set its speed. Four formats of the same model:
+
+  fp32  the reference (parity with transformers). Kernels: MKL `F.linear`, or a oneDNN-packed copy.
+  bf16  half the bytes. Kernels: `F.linear` or oneDNN-packed, on bf16 weights.
+  int8  weight-only, one scale per output channel (symmetric): `aten._weight_int8pack_mm`.
+  q4    weight-only int4 in groups of 32 along the input, a scale and a zero per group:
+        `aten._weight_int4pack_mm_for_cpu`. For the bundled model these are the GGUF file's own Q4_1 codes
+        (engine/quant.py), not a re-quantization of the dequantised floats.
+
+Only the matmul sees the format: activations, norms, attention and the KV pool stay float32. The quantized
+kernels and bf16 take bf16 activations (torch's int4/int8 CPU kernels are fast only then: ~50x slower with
+float32 inputs), so the input row is cast to bf16 at the matmul and the result back to float32.
+
+Which kernel is fastest is a property of the machine, not of the format: the docstring of an older version
+said oneDNN beat MKL by 40 % at batch 1 (measured on one machine); on another MKL won by 20 %. So at load each
+candidate is timed on the model's own matrices (`choose`), once per format and shape per process, and the
+fastest kept; `Linear.describe()` says what runs where (`python -m app --stats` prints it). Decode-sized
+inputs (<= DECODE_MAX_ROWS rows) and prefill-sized ones are timed apart: the quantized kernels that win at one
+row lose 5-20x at 128 rows to a bf16 copy, which prefill then uses (its memory is the price).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import scripted
+
+FORMATS = ("fp32", "bf16", "int8", "q4")
+DECODE_MAX_ROWS = 16  # a decode batch, or one verification of k drafts
+PREFILL_ROWS = 128  # the row count prefill kernels are timed at
+GROUP = 32  # q4's group size along the input dimension (GGUF Q4_1's block)
+KIND_NAMES = {scripted.MKL: "MKL F.linear", scripted.ONEDNN: "oneDNN packed", scripted.INT8: "int8 weight-only",
+              scripted.INT4: "int4 g32 weight-only"}
+
+
+@dataclass
+class Kernel:
+    """One way to compute x @ W.T: the kernel (scripted.MKL...), the tensors it reads, and their bytes."""
+
+    kind: int
+    weight: torch.Tensor
+    aux: Optional[torch.Tensor] = None  # int8: per-channel scales; int4: scales and zeros per group
+
+    @property
+    def nbytes(self) -> int:
+        aux = 0 if self.aux is None else self.aux.numel() * self.aux.element_size()
+        return self.weight.numel() * self.weight.element_size() + aux
+
+    @property
+    def name(self) -> str:
+        dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.weight.dtype, "")
+        return KIND_NAMES[self.kind] + (f" {dtype}" if self.kind in (scripted.MKL, scripted.ONEDNN) else "")
+
+
+class Linear:
+    """y = x @ W.T (+ b) with one kernel for decode-sized inputs and one for prefill-sized ones."""
+
+    def __init__(self, decode: Kernel, prefill: Kernel, bias: torch.Tensor | None, shape: tuple[int, int],
+                 fmt: str):
+        self.decode, self.prefill, self.bias = decode, prefill, bias
+        self.out_features, self.in_features = shape
+        self.fmt = fmt
+        self.decode_invariant = False  # set by `build`: a row's result does not depend on the rows beside it
+        # the weights as the model defines them (multiply-accumulates per token), whatever their storage
+        self.numel = shape[0] * shape[1] + (0 if bias is None else bias.numel())
+
+    def __call__(self, x: torch.Tensor, prefer_decode: bool = False) -> torch.Tensor:
+        k = self.decode if prefer_decode or x.shape[0] <= DECODE_MAX_ROWS else self.prefill
+        return scripted.matmul(x, k.kind, k.weight, k.aux, self.bias)
+
+    @property
+    def nbytes(self) -> int:
+        """What a decode step reads of this matrix."""
+        return self.decode.nbytes + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+
+    def describe(self) -> dict:
+        return {"format": self.fmt, "decode": self.decode.name, "prefill": self.prefill.name}
+
+
+# ---- building a format's candidates -----------------------------------------------------------------------
+def _onednn(w: torch.Tensor) -> Kernel | None:
+    try:
+        if w.device.type == "cpu" and torch.backends.mkldnn.is_available():
+            return Kernel(scripted.ONEDNN, torch.ops.mkldnn._reorder_linear_weight(w))
+    except (RuntimeError, AttributeError):  # no oneDNN in this build, or not for this dtype
+        pass
+    return None
+
+
+def int8_per_channel(w: torch.Tensor) -> Kernel:
+    """Symmetric int8 with one scale per output row: the row's largest |w| maps to 127."""
+    scale = (w.abs().amax(dim=1).float() / 127).clamp_min(torch.finfo(torch.float32).tiny)
+    codes = torch.round(w.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return Kernel(scripted.INT8, codes, scale.to(torch.bfloat16))
+
+
+def int4_groups(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> Kernel:
+    """codes [N, K] in 0..15, scale and low [N, K/32]: w = scale * code + low (GGUF Q4_1's form). torch's kernel
+    computes (code - 8) * scale + zero, so zero = low + 8 * scale; its scales and zeros are bf16."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+    zero = low.float() + 8 * scale.float()
+    scales_and_zeros = torch.stack([scale.float().t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+    return Kernel(scripted.INT4, packed, scales_and_zeros)
+
+
+def candidates(fmt: str, w: torch.Tensor, q4: tuple | None = None) -> tuple[list[Kernel], list[Kernel]]:
+    """(decode candidates, prefill candidates) of one matrix in `fmt`; w is its float32 weight (for q4, the
+    dequantised one; q4 carries the codes, scales and lows)."""
+    if fmt == "fp32":
+        plain = Kernel(scripted.MKL, w.contiguous())
+        # prefill keeps MKL: the kernel transformers uses, so prompt logits match the reference to ~1e-5
+        return [plain] + [k for k in [_onednn(plain.weight)] if k], [plain]
+    half = w.to(torch.bfloat16).contiguous()
+    bf16 = [Kernel(scripted.MKL, half)] + [k for k in [_onednn(half)] if k]
+    if fmt == "bf16":
+        return bf16, bf16
+    if w.device.type != "cpu":
+        raise ValueError(f"weights={fmt!r} runs on CPU only (its kernels are torch's CPU ones)")
+    quant = int8_per_channel(w) if fmt == "int8" else int4_groups(*q4)
+    return [quant], [quant] + bf16
+
+
+# ---- choosing by measurement --------------------------------------------------------------------------------
+_chosen: dict[tuple, int] = {}  # (format, phase, shape, row count) -> index of the fastest candidate
+
+
+def choose(key: tuple, options: list[list[Kernel]], rows: int, in_features: int, reps: int = 5) -> int:
+    """Index of the fastest option (each: the same candidate kind for several matrices), timed interleaved;
+    remembered for the process, so every model of one format runs the same kernels."""
+    if key not in _chosen:
+        if len(options) == 1:
+            _chosen[key] = 0
+        else:
+            x = torch.randn(rows, in_features)
+            for opt in options:  # warm-up: first calls pack, allocate and page in
+                _run_all(opt, x)
+            best = [float("inf")] * len(options)
+            for _ in range(reps):
+                for i, opt in enumerate(options):
+                    t = time.perf_counter()
+                    _run_all(opt, x)
+                    best[i] = min(best[i], time.perf_counter() - t)
+            _chosen[key] = min(range(len(options)), key=best.__getitem__)
+    return _chosen[key]
+
+
+def _run_all(kernels: list[Kernel], x: torch.Tensor) -> None:
+    for k in kernels:
+        scripted.matmul(x, k.kind, k.weight, k.aux, None)
+
+
+def build(fmt: str, weights: list[torch.Tensor], biases: list[torch.Tensor | None], name: str,
+          q4: list[tuple] | None = None, measure: bool = True) -> list[Linear]:
+    """Linear layers for matrices of one shape (e.g. every layer's o_proj), each with the kernel measured
+    fastest for that shape: decode at 1 row, prefill at PREFILL_ROWS. measure=False keeps the first candidate
+    (tests that want no timing noise in their kernel choice)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"weights must be one of {', '.join(FORMATS)} (got {fmt!r})")
+    cands = [candidates(fmt, w, None if q4 is None else q4[i]) for i, w in enumerate(weights)]
+    shape = tuple(weights[0].shape)
+    picks = []
+    for phase, rows in ((0, 1), (1, PREFILL_ROWS)):
+        per_kind = [[c[phase][j] for c in cands] for j in range(len(cands[0][phase]))]
+        picks.append(choose((fmt, name, phase, shape), per_kind, rows, shape[1]) if measure else 0)
+    out = [Linear(c[0][picks[0]], c[1][picks[1]], b, shape, fmt) for c, b in zip(cands, biases)]
+    invariant = _batch_invariant(out[0].decode, shape[1])
+    for lin in out:
+        lin.decode_invariant = invariant
+    return out
+
+
+def _batch_invariant(k: Kernel, in_features: int) -> bool:
+    """Whether the decode kernel gives a row the same bits alone as among other rows (MKL's fp32 gemm does not:
+    one row takes its gemv path). Checked, not assumed: the logit lens shares the head's pass with the real
+    logits only where it cannot change them."""
+    x = torch.randn(DECODE_MAX_ROWS, in_features)
+    full = scripted.matmul(x, k.kind, k.weight, k.aux, None)
+    return all(torch.equal(scripted.matmul(x[:n], k.kind, k.weight, k.aux, None), full[:n])
+               for n in (1, 2, 3, 5, 8))
+
