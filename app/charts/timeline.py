@@ -205,8 +205,8 @@ def timeline_chart(events, lang: str = "en", me: str | None = None) -> dict:
     lay = layout(tx["timeline_title"], UIREV_TIMELINE, height=400 + key_h, barmode="overlay", bargap=0.15,
                  margin=dict(l=55, r=20, t=44 + key_h, b=45), annotations=[legend_key(rows)],
                  uniformtext=dict(minsize=8, mode="hide"),
-                 xaxis=dict(title=dict(text=tx["step"]), tickformat="d", gridcolor="#EEE", dtick=1 if few else None,
-                            range=[min(xs) - 0.6, max(xs) + 0.6]),
+                 # no x range of its own: one given would move with every step and undo the reader's zoom
+                 xaxis=dict(title=dict(text=tx["step"]), tickformat="d", gridcolor="#EEE", dtick=1 if few else None),
                  yaxis=dict(title=dict(text=tx["ms_short"]), domain=[0, 0.3], rangemode="tozero", gridcolor="#EEE"),
                  yaxis2=dict(title=dict(text=tx["in_step"]), domain=[0.38, 1], range=[0, top + 1.2],
                              dtick=1 if top <= 10 else None, gridcolor="#EEE"))
