@@ -1027,6 +1027,111 @@ UI = {
                   "ru": ["запрос", "черновик", "k", "обычн. ток/с", "спек. ток/с", "ускорение", "α",
                          "токенов / проход", "формула", "те же id"]},
     # app/charts/timeline.py
+    # ---- weight formats side by side (app/formats_tool.py, app/charts/quantization.py) ----
+    "formats.title": {"en": "Weight formats: speed against drift", "ru": "Форматы весов: скорость против дрейфа"},
+    "formats.text": {"en": "A weight format is how the model's numbers are stored: fp32 takes 4 bytes per weight, "
+                           "bf16 2, int8 about 1, and q4 (the model file's own 4-bit codes, with a scale and a zero "
+                           "for every 32 weights) about 0.6. A decode step reads every weight once to make one "
+                           "token, so it is limited by memory: fewer bytes per step, a shorter step. The price is "
+                           "rounding: each format's next-token distribution drifts a little from fp32's. Here your "
+                           "prompt runs under each format: speed on this machine's floor (the fastest a step can be "
+                           "at its measured bandwidth), and the drift per generated token: the KL divergence from "
+                           "fp32 (0 = the same distribution), whether its top choice is fp32's token, and where its "
+                           "greedy text first differs. Each format is loaded on first use (10–60 s each, up to "
+                           "~0.8 GB of memory).",
+                     "ru": "Формат весов — это то, как хранятся числа модели: fp32 занимает 4 байта на вес, bf16 — 2, "
+                           "int8 — около 1, а q4 (собственные 4-битные коды файла модели с масштабом и нулём на "
+                           "каждые 32 веса) — около 0,6. Шаг декодирования читает каждый вес один раз ради одного "
+                           "токена, поэтому упирается в память: меньше байт на шаг — короче шаг. Цена — округление: "
+                           "распределение следующего токена в каждом формате немного уходит от fp32. Здесь ваш "
+                           "запрос прогоняется в каждом формате: скорость на «полу» этой машины (быстрее шаг быть "
+                           "не может при измеренной пропускной способности) и дрейф на каждом токене: "
+                           "KL-дивергенция от fp32 (0 — то же распределение), совпадает ли лучший токен с выбором "
+                           "fp32 и где жадный текст впервые расходится. Каждый формат загружается при первом "
+                           "запуске (10–60 с, до ~0,8 ГБ памяти)."},
+    "formats.pick": {"en": "Formats to compare (fp32 is always the reference)",
+                     "ru": "Форматы для сравнения (fp32 — всегда эталон)"},
+    "formats.tokens": {"en": "Tokens to generate", "ru": "Сколько токенов сгенерировать"},
+    "formats.run": {"en": "Compare weight formats", "ru": "Сравнить форматы весов"},
+    "formats.busy": {"en": "Another comparison of weight formats is running on this server: try again when it ends.",
+                     "ru": "На сервере уже идёт сравнение форматов весов: попробуйте, когда оно закончится."},
+    "formats.no_prompt": {"en": "Type a prompt first.", "ru": "Сначала введите запрос."},
+    "formats.replay": {"en": "A replayed trace has no model to run formats on.",
+                       "ru": "У воспроизводимой трассы нет модели, чтобы прогнать форматы."},
+    "formats.loading": {"en": "Loading the {fmt} weights ({s} s; each format loads once, 10–60 s)…",
+                        "ru": "Загружаем веса {fmt} ({s} с; каждый формат загружается один раз, 10–60 с)…"},
+    "formats.free": {"en": "{fmt}: generating freely, token {k} of {n} ({s} s)…",
+                     "ru": "{fmt}: свободная генерация, токен {k} из {n} ({s} с)…"},
+    "formats.forced": {"en": "{fmt}: fed fp32's tokens, token {k} of {n} ({s} s)…",
+                       "ru": "{fmt}: подаём токены fp32, токен {k} из {n} ({s} с)…"},
+    "formats.done": {"en": "Compared {fmts} on {n} tokens in {s} s.", "ru": "Сравнили {fmts} на {n} токенах за {s} с."},
+    "formats.texts": {"en": "Greedy text of each format (after the first token that differs from fp32's: "
+                            "highlighted)",
+                      "ru": "Жадный текст каждого формата (после первого токена, отличного от fp32, — с подсветкой)"},
+    "quant.floor": {"en": "Speed of each format", "ru": "Скорость каждого формата"},
+    "quant.floor_title": {"en": "Decode step: measured time against bytes read<br><span style='font-size:11px;"
+                                "color:#555'>the line is this machine's floor: the fastest a step reading that many "
+                                "bytes can be</span>",
+                          "ru": "Шаг декодирования: измеренное время против прочитанных байт<br><span "
+                                "style='font-size:11px;color:#555'>линия — «пол» этой машины: быстрее шаг, читающий "
+                                "столько байт, быть не может</span>"},
+    "quant.x_mb": {"en": "MB read per decode step (weights + KV cache)",
+                   "ru": "МБ, читаемые за шаг декодирования (веса + KV-кэш)"},
+    "quant.y_ms": {"en": "ms per decode step (median)", "ru": "мс на шаг декодирования (медиана)"},
+    "quant.floor_name": {"en": "floor = max(bytes ÷ {bw} GB/s, FLOPs ÷ peak)",
+                         "ru": "пол = max(байты ÷ {bw} ГБ/с, флопы ÷ пик)"},
+    "quant.floor_hover": {"en": "floor: %{y:.1f} ms at %{x:.0f} MB per step",
+                          "ru": "пол: %{y:.1f} мс при %{x:.0f} МБ за шаг"},
+    "quant.point_hover": {"en": "<b>%{customdata[0]}</b><br>%{customdata[1]:.0f} MB per step "
+                                "(%{customdata[5]:.3f} B per weight)<br>measured %{customdata[2]:.1f} ms · floor "
+                                "%{customdata[3]:.1f} ms<br>%{customdata[4]:.0f}% of the floor's speed<br>"
+                                "%{customdata[6]:.2f}× the speed of fp32",
+                          "ru": "<b>%{customdata[0]}</b><br>%{customdata[1]:.0f} МБ за шаг "
+                                "(%{customdata[5]:.3f} Б на вес)<br>измерено %{customdata[2]:.1f} мс · пол "
+                                "%{customdata[3]:.1f} мс<br>%{customdata[4]:.0f}% скорости пола<br>"
+                                "%{customdata[6]:.2f}× скорости fp32"},
+    "quant.kl": {"en": "Drift per token", "ru": "Дрейф на каждом токене"},
+    "quant.kl_title": {"en": "Drift from fp32 per generated token: KL(fp32 ‖ format)<br><span style='font-size:11px;"
+                             "color:#555'>every format is fed fp32's own tokens, so both see the same text</span>",
+                       "ru": "Дрейф от fp32 на каждом токене: KL(fp32 ‖ формат)<br><span style='font-size:11px;"
+                             "color:#555'>каждому формату подаются токены fp32, так что оба видят один текст</span>"},
+    "quant.x_pos": {"en": "generated token position", "ru": "позиция сгенерированного токена"},
+    "quant.y_kl": {"en": "KL divergence (nats)", "ru": "KL-дивергенция (наты)"},
+    "quant.kl_hover": {"en": "token %{x}: «%{customdata[0]}»<br>KL %{customdata[2]:.5f} nats<br>its top choice: "
+                             "%{customdata[5]} (id %{customdata[1]})<br>logit of fp32's token %{customdata[3]:.3f}, "
+                             "log-prob %{customdata[4]:.4f}",
+                       "ru": "токен %{x}: «%{customdata[0]}»<br>KL %{customdata[2]:.5f} нат<br>его лучший токен: "
+                             "%{customdata[5]} (id %{customdata[1]})<br>логит токена fp32 %{customdata[3]:.3f}, "
+                             "log-вероятность %{customdata[4]:.4f}"},
+    "quant.agrees": {"en": "the same as fp32's", "ru": "тот же, что у fp32"},
+    "quant.differs": {"en": "NOT fp32's token", "ru": "НЕ токен fp32"},
+    "quant.differs_key": {"en": "its top choice differs", "ru": "его лучший токен другой"},
+    "quant.logit": {"en": "Logit of the chosen token", "ru": "Логит выбранного токена"},
+    "quant.logit_title": {"en": "The logit each format gives fp32's chosen token",
+                          "ru": "Логит, который каждый формат даёт токену, выбранному fp32"},
+    "quant.y_logit": {"en": "raw logit", "ru": "сырой логит"},
+    "quant.logit_hover": {"en": "token %{x}: «%{customdata[0]}»<br>logit %{customdata[1]:.3f}<br>log-prob "
+                                "%{customdata[2]:.4f}",
+                          "ru": "токен %{x}: «%{customdata[0]}»<br>логит %{customdata[1]:.3f}<br>log-вероятность "
+                                "%{customdata[2]:.4f}"},
+    "quant.table": {"en": "Formats compared", "ru": "Сравнение форматов"},
+    "quant.table_title": {"en": "Formats compared on your prompt ({p} prompt tokens, {n} generated)",
+                          "ru": "Форматы на вашем запросе ({p} ток. запроса, {n} сгенерировано)"},
+    "quant.cols": {"en": ["format", "bytes per weight", "MB per step", "ms per step", "speed vs fp32",
+                          "top-1 agreement", "greedy text differs at", "mean KL (nats)"],
+                   "ru": ["формат", "байт на вес", "МБ за шаг", "мс на шаг", "скорость к fp32",
+                          "совпадение top-1", "жадный текст расходится на", "средняя KL (наты)"]},
+    "quant.never": {"en": "never", "ru": "нигде"},
+    "quant.end": {"en": "the end", "ru": "конце"},
+    "quant.at": {"en": "token {i} («{tok}»)", "ru": "токене {i} («{tok}»)"},
+    "quant.none": {"en": "Click “Compare weight formats” to run your prompt under each format.",
+                   "ru": "Нажмите «Сравнить форматы весов», чтобы прогнать запрос в каждом формате."},
+    "quant.no_machine": {"en": "This machine's bandwidth is still being measured.",
+                         "ru": "Пропускная способность этой машины ещё измеряется."},
+    "quant.no_decode": {"en": "No decode step was measured: generate at least 2 tokens.",
+                        "ru": "Ни один шаг декодирования не измерен: сгенерируйте хотя бы 2 токена."},
+    "quant.only_fp32": {"en": "Choose a format besides fp32 to see its drift.",
+                        "ru": "Выберите формат кроме fp32, чтобы увидеть его дрейф."},
     "timeline.timeline": {"en": "Step timeline", "ru": "Шкала шагов"},
     "timeline.timeline_title": {"en": "Each engine step: its batch, its time",
                                 "ru": "Каждый шаг движка: его батч и время"},
@@ -1081,7 +1186,7 @@ UI = {
     # the timeline's batch composition (issue 13, item 7)
     "timeline.in_step": {"en": "sequences in the step", "ru": "последоват. в шаге"},
     "timeline.ms_short": {"en": "ms", "ru": "мс"},
-    "timeline.step_word": {"en": "step", "ru": "шаг"},
+    "timeline.kind_step": {"en": "{kind} step", "ru": "шаг: {kind}"},
     "timeline.waiting": {"en": "waiting", "ru": "ждут"},
     "timeline.other_tab": {"en": "another tab's sequence", "ru": "последовательность другой вкладки"},
     "timeline.other_tabs": {"en": "other tabs", "ru": "другие вкладки"},

@@ -77,7 +77,8 @@ def test_the_timeline_shows_each_steps_batch_and_a_preemption(lab):
     s = _session(app, lambda s: s.own_room)
     short, long = s.seq_ids()
     # a waiting request is visible in the panel, not only in the selector
-    assert f"#{long}: running" in page.inner_text("#html-queue") or f"#{long}: waiting" in page.inner_text("#html-queue")
+    queue = page.inner_text("#html-queue")
+    assert f"#{long}: running" in queue or f"#{long}: waiting" in queue
     for _ in range(40):
         click_and_wait(page, "#step")
         if any(e.preempted for e in s.events):
@@ -85,8 +86,9 @@ def test_the_timeline_shows_each_steps_batch_and_a_preemption(lab):
     hit = next(e for e in s.events if e.preempted)
     assert hit.preempted == [long]
     click_and_wait(page, "#step")  # one step more: the preempted request waits at the head of the queue
-    page.wait_for_function("sid => document.querySelector('#html-queue').innerText.includes('#' + sid + ': preempted')",
-                           arg=long, timeout=30000)
+    page.wait_for_function(
+        "sid => document.querySelector('#html-queue').innerText.includes('#' + sid + ': preempted')",
+        arg=long, timeout=30000)
     assert "will be recomputed" in page.inner_text("#html-queue")
     ensure_drawn(page, "chart-timeline")
     data = page.evaluate("""() => document.getElementById('chart-timeline').data.map(t => ({name: t.name,
@@ -119,11 +121,13 @@ def test_measure_speedup_and_chart_export_say_what_they_are_doing(lab):
     click_and_wait(page, "#step")
     page.click("#spec_measure")
     # while the two runs go, the status line says which one and how far
-    page.wait_for_function("() => document.querySelector('#html-message').innerText.includes('Measuring the speed-up')",
-                           timeout=60000, polling=100)
+    page.wait_for_function(
+        "() => document.querySelector('#html-message').innerText.includes('Measuring the speed-up')",
+        timeout=60000, polling=100)
     assert "⏳" in page.inner_text("#html-message")
-    page.wait_for_function("() => document.querySelector('#html-message').innerText.includes('Measured on this prompt')",
-                           timeout=180000)
+    page.wait_for_function(
+        "() => document.querySelector('#html-message').innerText.includes('Measured on this prompt')",
+        timeout=180000)
     # a PNG export starts a headless Chromium: seconds, said while they pass
     page.click("#trace > button, #trace .label-wrap")
     page.click("#export_btn")

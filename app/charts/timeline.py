@@ -175,8 +175,8 @@ def _key_rows(events, batches, me, tx) -> list[list[tuple[str, str, str]]]:
              (HOLLOW, "#777", tx["waiting"])]
     if any(e.preempted for e in events):
         marks.append(("✕", PREEMPT_COLOR, tx["preempted"]))
-    kinds = [(BAR, KIND_COLORS[k], tx["kinds"][k] + " " + tx["step_word"]) for k in ("prefill", "decode", "mixed")
-             if any(step_kind(e) == k for e in events)]
+    kinds = [(BAR, KIND_COLORS[k], tx["kind_step"].format(kind=tx["kinds"][k]))
+             for k in ("prefill", "decode", "mixed") if any(step_kind(e) == k for e in events)]
     return [r for r in (seqs, marks, kinds) if r]
 
 

@@ -29,6 +29,7 @@ def queue_html(states: dict[int, dict] | None, lang: str = "en", own_pool_blocks
                      f'style="color:{STATE_COLORS.get(state, "#333")}">{text}</span>')
     pool = ""
     if own_pool_blocks:
-        pool = f' <span class="il-queue-pool">({html.escape(t("queue.own_room", lang).format(blocks=own_pool_blocks))})</span>'
+        note = t("queue.own_room", lang).format(blocks=own_pool_blocks)
+        pool = f' <span class="il-queue-pool">({html.escape(note)})</span>'
     return (f'<div class="il-queue"><b>{html.escape(t("queue.title", lang))}</b> '
             + " · ".join(items) + pool + "</div>")
