@@ -236,7 +236,8 @@ class Model:
             if loaded.gguf is None:
                 raise NoQ4Weights(f"weights='q4' runs the 4-bit weights of a GGUF file, and {loaded.model_id} was "
                                   "not loaded from one; use weights='int8' or 'bf16' for a smaller format")
-            q4 = read_q4_1(loaded.gguf, spec.num_heads, spec.num_kv_heads)
+            # beside the dequantised cache (engine/loader.py), the codes of the same file
+            q4 = read_q4_1(loaded.gguf, spec.num_heads, spec.num_kv_heads, loaded.source_dir / "q4_1.safetensors")
         return cls(spec, loaded.state_dict, device=device, dtype=dtype, weights=weights, q4=q4)
 
     def _scripted_weights(self) -> dict:

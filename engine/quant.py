@@ -11,6 +11,7 @@ Groups run along a row, so a row permutation moves whole blocks and changes no c
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +51,26 @@ def _unpermute(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.reshape(heads, rows // heads // 2, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
 
 
-def read_q4_1(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, tuple]:
-    """{checkpoint name: (codes, scale, low)} of every Q4_1 projection in the GGUF file at `path`."""
+def read_q4_1(path: Path, num_heads: int, num_kv_heads: int, cache: Path | None = None) -> dict[str, tuple]:
+    """{checkpoint name: (codes, scale, low)} of every Q4_1 projection in the GGUF file at `path`. With `cache`
+    (a .safetensors path), read from there when it exists, else written there: parsing the GGUF's metadata
+    (its tokenizer's 49,152 tokens and merges) takes most of ~10 s; the cache reads in well under one."""
+    from safetensors.torch import load_file, save_file
+
+    if cache is not None and cache.exists():
+        flat = load_file(str(cache))
+        return {name[: -len(".codes")]: (flat[name], flat[name[:-6] + ".scale"], flat[name[:-6] + ".low"])
+                for name in flat if name.endswith(".codes")}
+    out = _parse(path, num_heads, num_kv_heads)
+    if cache is not None:
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")  # two processes may write it at once
+        save_file({f"{name}.{part}": t.contiguous() for name, parts in out.items()
+                   for part, t in zip(("codes", "scale", "low"), parts)}, str(tmp))
+        tmp.rename(cache)
+    return out
+
+
+def _parse(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, tuple]:
     import gguf
 
     reader = gguf.GGUFReader(str(path))
