@@ -407,7 +407,8 @@ def formulas_html(n: dict, lang: str) -> str:
     if live:
         eb = live.get("loaded_bytes_per_elem", 4)
         w = metrics.weight_bytes(live["params_per_step"], eb)
-        dname = {4: "fp32", 2: "bf16", 1: "fp8"}.get(eb, f"{eb} B")
+        # the loaded format's name, or its measured bytes per weight (q4 with its int8 head reads ~0.71)
+        dname = {4: "fp32", 2: "bf16", 1: "int8"}.get(eb, f"{fmt_num(eb, lang)} B")
         line = f["live_line"].format(name=_e(label(live, lang)), dtype=dname, w=fmt_bytes(w, lang))
         if mach:
             t_live = metrics.decode_step_lower_bound(w, mach["bandwidth"])

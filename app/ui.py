@@ -17,6 +17,7 @@ import gradio as gr
 from . import calculators as calc
 from . import render
 from .handlers import LabHandlers
+from . import formats_tool
 from .i18n import EXAMPLES, PANEL_KEYS, t
 from .live import Hub, Lecture
 from .protocol import IDS
@@ -101,6 +102,7 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
                 _trace_box(c)
             with gr.Column(scale=3, elem_classes="il-main"):
                 gr.HTML(panels_html(), elem_id="panels")
+                _formats(c)
                 _calculators(c)
         _hidden(c)
         c.sampling = [c.temperature, c.top_k, c.top_p, c.min_p, c.rep, c.freq, c.pres, c.seed, c.max_tokens, c.stop]
@@ -109,6 +111,7 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
         _wire_view(c, h)
         _wire_lecture(c, h)
         _wire_tools(c, tools)
+        _wire_formats(c, formats_tool.FormatsHandlers(h))
         _wire_language(c, h, tools)
         _wire_page(demo, c, h, tools, registry)
     # other events: several visitors' renders at once (Gradio's default is one per listener for the whole
@@ -249,6 +252,31 @@ def _calculators(c) -> None:
                                  elem_id="calc_draft_cost")
         gr.HTML(calc_charts_html(), elem_id="calc-charts")
     c.calc_inputs = [c.c_model, c.c_dtype, c.c_context, c.c_batch, c.c_gpu, c.c_alpha, c.c_k, c.c_cost]
+
+
+def _formats(c) -> None:
+    """Weight formats side by side (app/formats_tool.py): which formats, how many tokens, one button."""
+    with gr.Column(elem_id="panel-formats", elem_classes="il-formats"):
+        c.f_head = gr.HTML(formats_tool.header_html("en"), elem_id="formats-head")
+        with gr.Row():
+            c.f_pick = gr.CheckboxGroup(formats_tool.format_choices(), value=formats_tool.format_choices(),
+                                        label=t("formats.pick", "en"), elem_id="formats_pick")
+            c.f_tokens = gr.Slider(2, formats_tool.MAX_COMPARE_TOKENS, value=formats_tool.DEFAULT_TOKENS, step=1,
+                                   label=t("formats.tokens", "en"), elem_id="formats_tokens")
+        c.f_run = gr.Button(t("formats.run", "en"), elem_id="formats_run", size="sm")
+        gr.HTML(formats_tool.charts_html(), elem_id="formats-charts")
+
+
+def _wire_formats(c, f) -> None:
+    # the status line says which format runs and how far it is; then the charts come
+    c.f_run.click(f.compare_live, [c.f_pick, c.f_tokens, c.prompt, c.chat, c.system, c.lang], c.payload)
+
+    def relabel(lang):
+        return (formats_tool.header_html(lang), gr.update(label=t("formats.pick", lang)),
+                gr.update(label=t("formats.tokens", lang)), gr.update(value=t("formats.run", lang)))
+
+    c.lang.change(relabel, c.lang, [c.f_head, c.f_pick, c.f_tokens, c.f_run], show_progress="hidden")
+    c.lang.change(f.redraw, c.lang, c.payload, show_progress="hidden")
 
 
 def _hidden(c) -> None:

@@ -495,6 +495,16 @@ class Engine:
         trace.token_texts = [self.token_text(t) for t in trace.token_ids]
         return trace
 
+    def last_logits(self, seq_id: int) -> torch.Tensor:
+        """A copy of the raw logits (before penalties and temperature) that `seq_id`'s last traced step sampled
+        its token from: the whole next-token distribution, for comparisons of two models' distributions
+        (engine/formats_compare.py). The sampling trace keeps only the top tokens."""
+        seq = self._get(seq_id)
+        cached = seq.last_sampling
+        if cached is None:
+            raise ValueError(f"sequence {seq_id}'s last step did not sample a token in a traced step")
+        return cached[0].detach().float().clone()
+
     @compute.routed
     def nearest_tokens(self, token_id: int, k: int = 10) -> list[tuple[int, str, float]]:
         """The k vocabulary entries whose input embeddings are closest (cosine) to `token_id`'s."""

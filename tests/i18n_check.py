@@ -14,7 +14,7 @@ ALLOWED = {
     # abbreviations Russian ML texts keep
     "llm", "kv", "bpe", "utf", "gpu", "cpu", "ram", "pca", "eos", "gqa", "gguf", "ttft", "tpot", "sxm", "rtx", "api",
     # terms Russian ML people write in Latin
-    "top-k", "top-p", "min-p", "softmax", "roofline",
+    "top-k", "top-p", "min-p", "softmax", "roofline", "kl",  # KL-дивергенция
     # abbreviations of measures and mathematical notation, written in Latin in Russian texts too
     "itl", "cow", "cdf", "max", "min", "norm", "log", "argmax",
     # units, formats and code

@@ -131,7 +131,8 @@ def test_presets_have_sources_and_match_their_cards(presets):
     assert (h100["memory_bytes"], h100["bandwidth"]) == (80 * GiB, 3.35e12)
     assert metrics.ridge_point(h100["peak_flops"], h100["bandwidth"]) == pytest.approx(295, abs=1)
     assert {g["id"] for g in gpus} == {"h100-sxm-80gb", "h200-sxm-141gb", "a100-sxm-80gb", "a100-sxm-40gb", "rtx-4090"}
-    assert {d["id"]: d["bytes"] for d in dtypes} == {"fp32": 4, "bf16": 2, "fp8": 1, "int4": 0.5}
+    assert {d["id"]: d["bytes"] for d in dtypes} == {"fp32": 4, "bf16": 2, "fp8": 1, "int8": 1, "q4": 0.625,
+                                                      "int4": 0.5}
     assert all(d["source"].startswith("https://") for d in dtypes)
 
 
@@ -217,8 +218,8 @@ def test_roofline_chart_equals_formula(payload, presets):
     assert 1.0 < decode1 < 1.3  # ≈ 2 FLOP per bf16 weight (2 bytes) plus a little attention
     # other dtypes at batch 1: int4 moves decode 4× further right than bf16 would
     other = _trace(fig, "decode, batch 1, other dtypes")
-    assert other["text"] == ["fp32", "fp8", "int4"]
-    assert other["x"][2] / decode1 == pytest.approx(4.0)
+    assert other["text"] == ["fp32", "fp8", "int8", "q4", "int4"]
+    assert other["x"][4] / decode1 == pytest.approx(4.0)
 
 
 def test_spec_chart_equals_formula(payload):

@@ -18,7 +18,8 @@ UIREV_STEP = "chart-calc-step"
 UIREV_ROOF = "chart-calc-roofline"
 UIREV_SPEC = "chart-calc-spec"
 
-DTYPE_COLORS = {"fp32": "#4C78A8", "bf16": "#F58518", "fp8": "#54A24B", "int4": "#B279A2"}
+DTYPE_COLORS = {"fp32": "#4C78A8", "bf16": "#F58518", "fp8": "#54A24B", "int8": "#9D755D", "q4": "#72B7B2",
+                "int4": "#B279A2"}
 MEM_COLORS = {"weights": "#4C78A8", "reserve": GREY, "kv": "#F58518", "unused": FREE}
 KIND_COLORS = {"prefill": "#6A51A3", "decode": "#2CA02C"}  # the same as the live roofline's
 ROOF_COLOR = "#444444"
