@@ -273,9 +273,11 @@ class RoomPusher:
         for key, s in list(d.registry.sessions.items()):
             tab = d.views.peek(key)
             view = tab.view if tab is not None else None
-            if (view is None or view.visible is None or not isinstance(s, LabSession) or s.running
+            if (view is None or view.visible is None or not isinstance(s, LabSession) or s.running or s.own_room
                     or not (view.visible | view.near) & ROOM_CHARTS or not d.hub.has_tab(key)):
-                continue  # no view reported (None: an old page), a replay, a Run (its frames draw the room)
+                # no view reported (None: an old page), a replay, a Run (its frames draw the room), a tab in a room
+                # of its own (the preemption demo: its own payloads draw that room; the pushes are the shared one's)
+                continue
             out.append((key, s, tab))
         return out
 
