@@ -78,6 +78,7 @@ class FormatsHandlers:
         self.out = lab.delivery
         self.engines = FormatEngines(lab.holder, lab.registry)
         self.results: OrderedDict = OrderedDict()  # tab key -> its last FormatsComparison
+        lab.formats = self  # the server's handlers, reachable from the app (app.state.formats)
 
     def payload(self, cmp, lang: str, message: str = "") -> dict:
         m = self.lab.holder.machine or {}

@@ -216,5 +216,6 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     app = gr.mount_gradio_app(app, demo, path="/", head=head_html(), theme=gr.themes.Soft(), ssr_mode=False,
                               max_file_size=MAX_UPLOAD_BYTES, footer_links=[])
     app.state.registry, app.state.holder, app.state.hub, app.state.lecture = registry, holder, hub, lecture
+    app.state.formats = getattr(demo.lab_handlers, "formats", None)  # the weight-formats panel's handlers
     app.state.pusher = pusher
     return app, holder

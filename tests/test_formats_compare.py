@@ -193,7 +193,7 @@ def test_drift_charts_and_table_equal_the_record(cmp):
     assert cells[0] == ["fp32", "q4"]
     assert cells[5] == [f"{Q.fmt_num(100 * r.agreement)} %" for r in cmp.runs]
     assert cells[5][0] == "100 %" and cells[6][0] == "never"
-    assert cells[7] == [Q.fmt_num(r.mean_kl) for r in cmp.runs]
+    assert cells[7] == [Q.fmt_num(r.mean_kl, "en", 2) for r in cmp.runs]
     for fig in Q.all_charts(cmp, BW, PEAK, "ru").values():  # the Russian panel speaks Russian
         words = [w for text in figure_texts(fig) for w in english(text)]
         assert not words, words

@@ -116,8 +116,10 @@ def kl_chart(cmp, lang: str = "en") -> dict:
     key = [("●", FORMAT_COLORS[r.weights], r.weights) for r in others] + [("✕", "#333", tx["differs_key"])]
     lay = layout(tx["kl_title"], UIREV["kl"], height=340, annotations=[legend_key([key])],
                  margin=dict(l=60, r=20, t=78, b=45),
-                 xaxis=dict(title=dict(text=tx["x_pos"]), gridcolor="#EEE", dtick=max(1, len(xs) // 8)),
-                 yaxis=dict(title=dict(text=tx["y_kl"]), gridcolor="#EEE", rangemode="tozero"))
+                 xaxis=dict(title=dict(text=tx["x_pos"]), gridcolor="#EEE", dtick=max(1, len(xs) // 8),
+                            zeroline=False),
+                 yaxis=dict(title=dict(text=tx["y_kl"]), gridcolor="#EEE", rangemode="tozero",
+                            tickformat=".2~g", exponentformat="none"))  # 0.0006, not 600µ
     return figure(data, lay)
 
 
@@ -138,7 +140,8 @@ def logit_chart(cmp, lang: str = "en") -> dict:
     key = [("●", FORMAT_COLORS[r.weights], r.weights) for r in cmp.runs]
     lay = layout(tx["logit_title"], UIREV["logit"], height=340, annotations=[legend_key([key])],
                  margin=dict(l=60, r=20, t=78, b=45),
-                 xaxis=dict(title=dict(text=tx["x_pos"]), gridcolor="#EEE", dtick=max(1, len(xs) // 8)),
+                 xaxis=dict(title=dict(text=tx["x_pos"]), gridcolor="#EEE", dtick=max(1, len(xs) // 8),
+                            zeroline=False),
                  yaxis=dict(title=dict(text=tx["y_logit"]), gridcolor="#EEE"))
     return figure(data, lay)
 
@@ -158,7 +161,7 @@ def table_rows(cmp, lang: str = "en") -> list[list[str]]:
         rows.append([r.weights, fmt_num(r.bytes_per_weight, lang), fmt_num(r.step_bytes / 1e6, lang),
                      "–" if r.step_ms is None else fmt_num(r.step_ms, lang),
                      "–" if not (ref and r.step_ms) else f"{fmt_num(ref / r.step_ms, lang)}×",
-                     f"{fmt_num(100 * r.agreement, lang)} %", div, fmt_num(r.mean_kl, lang)])
+                     f"{fmt_num(100 * r.agreement, lang)} %", div, fmt_num(r.mean_kl, lang, 2)])
     return rows
 
 
@@ -168,7 +171,7 @@ def table_chart(cmp, lang: str = "en") -> dict:
         return empty(tx["table"], tx["none"], UIREV["table"])
     rows = table_rows(cmp, lang)
     cols = [list(c) for c in zip(*rows)]
-    trace = dict(type="table", columnwidth=[50, 70, 65, 65, 65, 75, 110, 70],
+    trace = dict(type="table", columnwidth=[56, 76, 72, 68, 50, 58, 96, 60],
                  header=dict(values=[f"<b>{c}</b>" for c in tx["cols"]], fill=dict(color="#F0F0F0"), align="left",
                              height=40),
                  cells=dict(values=cols, align="left", height=24,
