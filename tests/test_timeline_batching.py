@@ -127,7 +127,8 @@ def test_the_queue_line_says_who_waits_and_why(demo):
     assert "вытеснена" in ru and "preempted" not in ru.replace('data-state="preempted"', "")
     assert f"#{long}: waiting, 2 requests ahead" in queue_html({long: {"state": "waiting", "ahead": 2,
                                                                         "preemptions": 0}}, "en")
-    assert queue_html({}, "en") == ""
+    assert queue_html(None, "en") == ""  # a replay: no live queue
+    assert "none unfinished" in queue_html({}, "en")  # the panel still says where things stand
     # the page's payload carries it in the timeline panel
     p = render.build_payload(s, "en", only={"chart-timeline"})
     assert "html-queue" in render.PANEL_HTML["timeline"]

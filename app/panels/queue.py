@@ -14,10 +14,13 @@ STATE_COLORS = {"running": "#2CA02C", "waiting": "#8A6D00", "preempted": "#D6272
 
 
 def queue_html(states: dict[int, dict] | None, lang: str = "en", own_pool_blocks: int | None = None) -> str:
-    """One line: "Your sequences now: #0: running · #1: preempted — …"; empty when nothing is unfinished."""
-    if not states:
+    """One line: "Your sequences now: #0: running · #1: preempted — …" (or that none is unfinished); empty
+    without states (a replay)."""
+    if states is None:
         return ""
     items = []
+    if not states:
+        items.append(f'<span class="il-queue-item">{html.escape(t("queue.none", lang))}</span>')
     for sid, st in sorted(states.items()):
         state = st.get("state", "running")
         if state == "running":
