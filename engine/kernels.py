@@ -17,9 +17,10 @@ float32 inputs), so the input row is cast to bf16 at the matmul and the result b
 Which kernel is fastest is a property of the machine, not of the format: the docstring of an older version
 said oneDNN beat MKL by 40 % at batch 1 (measured on one machine); on another MKL won by 20 %. So at load each
 candidate is timed on the model's own matrices (`choose`), once per format and shape per process, and the
-fastest kept; `Linear.describe()` says what runs where (`python -m app --stats` prints it). Decode-sized
-inputs (<= DECODE_MAX_ROWS rows) and prefill-sized ones are timed apart: the quantized kernels that win at one
-row lose 5-20x at 128 rows to a bf16 copy, which prefill then uses (its memory is the price).
+fastest kept; `Linear.describe()` says what runs where (`python -m engine ... --stats` prints it).
+Decode-sized inputs (<= DECODE_MAX_ROWS rows, timed at 1 and 8) and prefill-sized ones are timed apart: the
+quantized kernels that win at one row lose 5-20x at 128 rows to a bf16 copy, which prefill then uses (its
+memory is the price).
 """
 from __future__ import annotations
 
@@ -130,18 +131,20 @@ def candidates(fmt: str, w: torch.Tensor, q4: tuple | None = None) -> tuple[list
 _chosen: dict[tuple, int] = {}  # (format, phase, shape, row count) -> index of the fastest candidate
 
 
-def choose(key: tuple, options: list[list[Kernel]], rows: int, in_features: int, reps: int = 5) -> int:
-    """Index of the fastest option (each: the same candidate kind for several matrices), timed interleaved;
-    remembered for the process, so every model of one format runs the same kernels. An option over 3x the
-    fastest after one timed pass is not timed again (the int8 kernel takes ~0.3 s for a 128-row head)."""
+def choose(key: tuple, options: list[list[Kernel]], rows: tuple[int, ...], in_features: int, reps: int = 5) -> int:
+    """Index of the fastest option (each: the same candidate kind for several matrices) over inputs of each row
+    count in `rows` (summed), timed interleaved; remembered for the process, so every model of one format runs
+    the same kernels. An option over 3x the fastest after one timed pass is not timed again (the int8 kernel
+    takes ~0.3 s for a 128-row head)."""
     if key not in _chosen:
-        x = torch.randn(rows, in_features)
+        xs = [torch.randn(n, in_features) for n in rows]
         best = [float("inf")] * len(options)
         alive = list(range(len(options))) if len(options) > 1 else []
         for rep in range(reps + 1):  # the first pass warms up (packing, allocation, paging in): not counted
             for i in alive:
                 t = time.perf_counter()
-                _run_all(options[i], x)
+                for x in xs:
+                    _run_all(options[i], x)
                 if rep:
                     best[i] = min(best[i], time.perf_counter() - t)
             if rep == 1:
@@ -158,14 +161,15 @@ def _run_all(kernels: list[Kernel], x: torch.Tensor) -> None:
 def build(fmt: str, weights: list[torch.Tensor], biases: list[torch.Tensor | None], name: str,
           q4: list[tuple] | None = None, measure: bool = True) -> list[Linear]:
     """Linear layers for matrices of one shape (e.g. every layer's o_proj), each with the kernel measured
-    fastest for that shape: decode at 1 row, prefill at PREFILL_ROWS. measure=False keeps the first candidate
-    (tests that want no timing noise in their kernel choice)."""
+    fastest for that shape: decode over 1 and 8 rows (a kernel used up to DECODE_MAX_ROWS rows: MKL's fp32
+    gemm wins at one row on one thread here and reads at a third of oneDNN's speed at eight), prefill at
+    PREFILL_ROWS. measure=False keeps the first candidate."""
     if fmt not in FORMATS:
         raise ValueError(f"weights must be one of {', '.join(FORMATS)} (got {fmt!r})")
     cands = [candidates(fmt, w, None if q4 is None else q4[i]) for i, w in enumerate(weights)]
     shape = tuple(weights[0].shape)
     picks = []
-    for phase, rows in ((0, 1), (1, PREFILL_ROWS)):
+    for phase, rows in ((0, (1, 8)), (1, (PREFILL_ROWS,))):
         per_kind = [[c[phase][j] for c in cands] for j in range(len(cands[0][phase]))]
         picks.append(choose((fmt, name, phase, shape), per_kind, rows, shape[1]) if measure else 0)
     out = [Linear(c[0][picks[0]], c[1][picks[1]], b, shape, fmt) for c, b in zip(cands, biases)]
