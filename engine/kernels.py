@@ -18,7 +18,7 @@ Which kernel is fastest is a property of the machine, not of the format: the doc
 said oneDNN beat MKL by 40 % at batch 1 (measured on one machine); on another MKL won by 20 %. So at load each
 candidate is timed on the model's own matrices (`choose`), once per format and shape per process, and the
 fastest kept; `Linear.describe()` says what runs where (`python -m engine ... --stats` prints it).
-Decode-sized inputs (<= DECODE_MAX_ROWS rows, timed at 1 and 8) and prefill-sized ones are timed apart: the
+Decode-sized inputs (<= DECODE_MAX_ROWS rows, timed at 1 and 16) and prefill-sized ones are timed apart: the
 quantized kernels that win at one row lose 5-20x at 128 rows to a bf16 copy, which prefill then uses (its
 memory is the price).
 """
@@ -33,7 +33,7 @@ import torch
 from . import scripted
 
 FORMATS = ("fp32", "bf16", "int8", "q4")
-DECODE_MAX_ROWS = 16  # a decode batch, or one verification of k drafts
+DECODE_MAX_ROWS = 32  # a decode batch (a room of twenty tabs), or one verification of k drafts
 PREFILL_ROWS = 128  # the row count prefill kernels are timed at
 GROUP = 32  # q4's group size along the input dimension (GGUF Q4_1's block)
 KIND_NAMES = {scripted.MKL: "MKL F.linear", scripted.ONEDNN: "oneDNN packed", scripted.INT8: "int8 weight-only",
@@ -161,7 +161,7 @@ def _run_all(kernels: list[Kernel], x: torch.Tensor) -> None:
 def build(fmt: str, weights: list[torch.Tensor], biases: list[torch.Tensor | None], name: str,
           q4: list[tuple] | None = None, measure: bool = True) -> list[Linear]:
     """Linear layers for matrices of one shape (e.g. every layer's o_proj), each with the kernel measured
-    fastest for that shape: decode over 1 and 8 rows (a kernel used up to DECODE_MAX_ROWS rows: MKL's fp32
+    fastest for that shape: decode over 1 and 16 rows (a kernel used up to DECODE_MAX_ROWS rows: MKL's fp32
     gemm wins at one row on one thread here and reads at a third of oneDNN's speed at eight), prefill at
     PREFILL_ROWS. measure=False keeps the first candidate."""
     if fmt not in FORMATS:
@@ -169,7 +169,7 @@ def build(fmt: str, weights: list[torch.Tensor], biases: list[torch.Tensor | Non
     cands = [candidates(fmt, w, None if q4 is None else q4[i]) for i, w in enumerate(weights)]
     shape = tuple(weights[0].shape)
     picks = []
-    for phase, rows in ((0, (1, 8)), (1, (PREFILL_ROWS,))):
+    for phase, rows in ((0, (1, 16)), (1, (PREFILL_ROWS,))):
         per_kind = [[c[phase][j] for c in cands] for j in range(len(cands[0][phase]))]
         picks.append(choose((fmt, name, phase, shape), per_kind, rows, shape[1]) if measure else 0)
     out = [Linear(c[0][picks[0]], c[1][picks[1]], b, shape, fmt) for c, b in zip(cands, biases)]
