@@ -23,6 +23,16 @@ EXAMPLES = {
 }
 
 UI = {
+    # ---- the follower page (/follow?lang=ru): its own status line; the panels come in the presenter's language
+    "follow.title": {"en": "InferLab — following the lecture", "ru": "InferLab — трансляция лекции"},
+    "follow.connecting": {"en": "connecting…", "ru": "подключение…"},
+    "follow.waiting": {"en": "connected · waiting for the presenter", "ru": "подключено · ждём ведущего"},
+    "follow.nobody": {"en": "connected · nobody is presenting yet", "ru": "подключено · лекция ещё не началась"},
+    "follow.live": {"en": "live · following the presenter", "ru": "в эфире · следим за ведущим"},
+    "follow.catching_up": {"en": "catching up…", "ru": "догоняем…"},
+    "follow.disconnected": {"en": "disconnected · reconnecting…", "ru": "связь потеряна · переподключаемся…"},
+    "follow.step": {"en": "step {n}", "ru": "шаг {n}"},
+    "follow.finished": {"en": "seq #{id} finished", "ru": "посл. №{id} завершена"},
     # ---- the page: header, controls, messages ----
     "title": {"en": "InferLab — a real LLM, one step at a time",
               "ru": "InferLab — настоящая LLM, шаг за шагом"},

@@ -67,16 +67,26 @@ def head_html() -> str:
             '<link rel="stylesheet" href="/lab-static/lab.css">')
 
 
-def follow_html() -> str:
-    """The viewer page: the lab's panels without any control; static/follow.js fills them from /ws/follow."""
+def follow_html(lang: str = "en") -> str:
+    """The viewer page: the lab's panels without any control; static/follow.js fills them from /ws/follow.
+    Its own status line is in `lang` (?lang=ru); the panels come in the presenter's language."""
+    import html
+    import json
+
+    from .i18n import lang_of, texts
     from .ui import panels_html
 
-    return ('<!doctype html><html lang="en"><head><meta charset="utf-8">'
+    lang = lang_of(lang)
+    say = texts("follow", lang)
+    table = json.dumps(dict(say), ensure_ascii=False).replace("</", "<\\/")  # inside a <script>
+    return (f'<!doctype html><html lang="{lang}"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            '<title>InferLab — following the lecture</title>'
-            '<script>window.INFERLAB_ROLE = "viewer";</script>' + head_html() +
+            f'<title>{html.escape(say["title"])}</title>'
+            '<script>window.INFERLAB_ROLE = "viewer";'
+            f'window.INFERLAB_FOLLOW = {table};</script>'
+            + head_html() +
             '</head><body class="il-follow"><header class="il-follow-head"><h1>InferLab</h1>'
-            '<span id="follow-status" class="il-follow-status">connecting…</span>'
+            f'<span id="follow-status" class="il-follow-status">{html.escape(say["connecting"])}</span>'
             '<span id="follow-last" class="il-follow-last"></span></header>'
             f'<main class="il-main">{panels_html()}</main>'
             '<script src="/lab-static/follow.js"></script></body></html>')
@@ -205,8 +215,8 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
         await hub.serve(ws, "unauthenticated", on_message=presenter.handle)
 
     @app.get("/follow")
-    def follow_page():
-        return HTMLResponse(follow_html())
+    def follow_page(lang: str = "en"):
+        return HTMLResponse(follow_html(lang))
 
     # not "/static": Gradio serves its own fonts and scripts there, and a mount declared first would hide them
     app.mount("/lab-static", StaticFiles(directory=str(STATIC)), name="lab-static")

@@ -4,6 +4,7 @@
 // Message types and element ids come from app/protocol.py (window.INFERLAB, set in the page's head).
 (function () {
   const { ids, types } = window.INFERLAB;
+  const T = window.INFERLAB_FOLLOW;  // the status line's texts in the page's language (app/i18n.py "follow.*")
   const status = document.getElementById(ids.follow_status);
   const last = document.getElementById(ids.follow_last);
   const st = { frames: 0, events: 0, lastStep: -1 };
@@ -18,11 +19,11 @@
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
     const base = location.pathname.replace(/\/follow\/?$/, "");
     const ws = new WebSocket(`${proto}//${location.host}${base}/ws/follow`);
-    ws.onopen = () => say("connected · waiting for the presenter", "ok");
+    ws.onopen = () => say(T.waiting, "ok");
     ws.onmessage = (m) => {
       const msg = JSON.parse(m.data);
       if (msg.type === types.hello) {
-        say(msg.presenting ? "live · following the presenter" : "connected · nobody is presenting yet", "ok");
+        say(msg.presenting ? T.live : T.nobody, "ok");
       } else if (msg.type === types.event) {
         const ev = msg.event;
         if (ev.reset) { last.textContent = ""; return; }
@@ -31,10 +32,10 @@
         const toks = (ev.seqs || []).filter((s) => s.new_token !== null)
           .map((s) => `#${s.seq_id} ${JSON.stringify(s.new_token_text)}`);
         // sequences by "#id" (a bare "finished 0" read as a count of zero)
-        const done = (ev.finished || []).map((id) => `seq #${id} finished`);
-        last.textContent = `step ${ev.step}` + (toks.length ? " · " + toks.join(" ") : "") +
+        const done = (ev.finished || []).map((id) => T.finished.replace("{id}", id));
+        last.textContent = T.step.replace("{n}", ev.step) + (toks.length ? " · " + toks.join(" ") : "") +
           (done.length ? " · " + done.join(" · ") : "");
-        say("live · following the presenter", "ok");
+        say(T.live, "ok");
       } else if (msg.type === types.frame) {
         st.frames += 1;
         st.frame = msg.n;
@@ -42,10 +43,10 @@
         window.inferlab.render(msg.payload);
         document.body.dataset.followFrames = String(st.frames);
       } else if (msg.type === types.resync) {
-        say("catching up…", "warn");
+        say(T.catching_up, "warn");
       }
     };
-    ws.onclose = () => { say("disconnected · reconnecting…", "warn"); setTimeout(connect, 2000); };
+    ws.onclose = () => { say(T.disconnected, "warn"); setTimeout(connect, 2000); };
   }
   connect();
 })();

@@ -90,6 +90,16 @@ def test_follower_sees_the_presenters_charts(lab):
     assert ev.new_token_text.strip()[:3] in viewer.inner_text("#html-stream") or not ev.new_token_text.strip()
     viewer.evaluate("() => window.scrollTo(0, 0)")
     shot(viewer, "follower.png")
+    # a Russian-speaking viewer: the page's own status line in Russian (the panels are the presenter's)
+    ru = b.new_page(viewport={"width": 1000, "height": 700})
+    ru.goto(url + "/follow?lang=ru")
+    ru.wait_for_function("() => document.getElementById('follow-status').textContent.includes('ведущ')",
+                         timeout=30000)
+    assert ru.title() == "InferLab — трансляция лекции" and ru.evaluate("document.documentElement.lang") == "ru"
+    click_and_wait(page, "#step")
+    ru.wait_for_function("() => document.getElementById('follow-last').textContent.startsWith('шаг ')",
+                         timeout=30000)
+    ru.close()
     click_and_wait(page, "#unpresent")
     viewer.close()
     page.close()
