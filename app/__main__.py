@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
           f"torch threads: {compute.THREADS})",
           flush=True)
     # lecture mode: the presenter types this token into the page's "Lecture mode" box; viewers open /follow
-    print(f"Lecture mode: presenter token {app.state.hub.token}  ·  viewers open {url}/follow", flush=True)
+    print(f"Lecture mode: presenter token {app.state.hub.token}  ·  viewers open {url}/follow "
+          f"(in Russian: {url}/follow?lang=ru)", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -255,7 +255,7 @@ class LabHandlers:
                                                    t("nobody_presents", lang))
         return (f'<div class="il-lecture-status">{html.escape(state)} · '
                 f'{html.escape(t("viewers", lang))}: <b id="viewer-count">{self.hub.viewer_count}</b> · '
-                f'<a href="/follow" target="_blank">/follow</a></div>')
+                f'<a href="/follow?lang={lang_of(lang)}" target="_blank">/follow</a></div>')
 
     # ---- the page's frame -----------------------------------------------------------------------------
     def status(self, lang):
