@@ -100,7 +100,7 @@ UI = {
     "bad_token": {"en": "Wrong presenter token: look for it in the server's console output.",
                   "ru": "Неверный токен ведущего: он напечатан в консоли сервера."},
     "presenting": {"en": "You are presenting: viewers who open /follow see every step of this session.",
-                   "ru": "Вы ведёте лекцию: зрители на странице /follow?lang=ru видят каждый шаг этой сессии."},
+                   "ru": "Вы ведёте лекцию: зрители на странице /follow видят каждый шаг этой сессии (ссылка ниже — по-русски)."},
     "not_presenting": {"en": "Lecture mode stopped; viewers keep the last frame.",
                        "ru": "Показ завершён; у зрителей остаётся последний кадр."},
     "you_present": {"en": "You are presenting", "ru": "Вы ведёте лекцию"},
