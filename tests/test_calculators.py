@@ -218,7 +218,8 @@ def test_roofline_chart_equals_formula(payload, presets):
     assert 1.0 < decode1 < 1.3  # ≈ 2 FLOP per bf16 weight (2 bytes) plus a little attention
     # other dtypes at batch 1: int4 moves decode 4× further right than bf16 would
     other = _trace(fig, "decode, batch 1, other dtypes")
-    assert other["text"] == ["fp32", "fp8", "int8", "q4", "int4"]
+    assert other["text"] == [d["name"] for d in presets["dtypes"] if d["id"] != "bf16"]
+    assert other["text"] == ["fp32", "fp8", "int8", "q4 (g32)", "int4"]
     assert other["x"][4] / decode1 == pytest.approx(4.0)
 
 
