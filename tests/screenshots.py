@@ -49,7 +49,9 @@ TEXT_BOXES_JS = """(ids) => {
 }"""
 
 ALL_DRAWN_JS = """() => { const s = window.inferlab.state;
-  const ids = [...document.querySelectorAll('.il-chart')].map((e) => e.id);
+  // the weight-formats charts are drawn by their own button (a comparison), not by stepping
+  const ids = [...document.querySelectorAll('.il-chart')].filter((e) => !e.closest('.il-formats-charts'))
+    .map((e) => e.id);
   if (ids.every((id) => !s.stale[id] && !s.pending[id] && document.getElementById(id)._fullLayout)) return true;
   window.inferlab.flush();  // figures that came for charts the observer has not seen yet
   return false; }"""
