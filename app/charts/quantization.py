@@ -115,7 +115,7 @@ def kl_chart(cmp, lang: str = "en") -> dict:
             hovertemplate=f"<b>{r.weights}</b> · " + tx["kl_hover"] + "<extra></extra>"))
     key = [("●", FORMAT_COLORS[r.weights], r.weights) for r in others] + [("✕", "#333", tx["differs_key"])]
     lay = layout(tx["kl_title"], UIREV["kl"], height=340, annotations=[legend_key([key])],
-                 margin=dict(l=60, r=20, t=78, b=45),
+                 margin=dict(l=84, r=20, t=78, b=45),
                  xaxis=dict(title=dict(text=tx["x_pos"]), gridcolor="#EEE", dtick=max(1, len(xs) // 8),
                             zeroline=False),
                  yaxis=dict(title=dict(text=tx["y_kl"]), gridcolor="#EEE", rangemode="tozero",
@@ -177,7 +177,7 @@ def table_chart(cmp, lang: str = "en") -> dict:
                  cells=dict(values=cols, align="left", height=24,
                             fill=dict(color=[[_tint(FORMAT_COLORS[r.weights]) for r in cmp.runs]] + [["white"]] * 7)))
     lay = layout(tx["table_title"].format(n=len(cmp.reference_ids), p=cmp.prompt_tokens), UIREV["table"],
-                 height=110 + 26 * len(rows), margin=dict(l=10, r=10, t=44, b=10))
+                 height=120 + 46 * len(rows), margin=dict(l=10, r=10, t=44, b=10))  # a cell may wrap to two lines
     return figure([trace], lay)
 
 
