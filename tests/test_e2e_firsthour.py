@@ -131,9 +131,12 @@ def test_measure_speedup_and_chart_export_say_what_they_are_doing(lab):
         timeout=180000)
     # a PNG export starts a headless Chromium: seconds, said while they pass
     page.click("#trace > button, #trace .label-wrap")
+    # every text the message line shows (a quick export may replace its progress line between two polls)
+    page.evaluate("""() => { window.__seen = []; const el = document.querySelector('#html-message');
+        new MutationObserver(() => window.__seen.push(el.innerText))
+          .observe(el, {childList: true, subtree: true, characterData: true}); }""")
     page.click("#export_btn")
-    page.wait_for_function("() => document.querySelector('#html-message').innerText.includes('Exporting')",
-                           timeout=60000, polling=100)
     page.wait_for_function("() => document.querySelector('#html-message').innerText.includes('is ready')",
                            timeout=120000)
+    assert any("Exporting" in t for t in page.evaluate("() => window.__seen")), page.evaluate("() => window.__seen")
     page.close()
