@@ -137,7 +137,8 @@ def choose(key: tuple, options: list[list[Kernel]], rows: tuple[int, ...], in_fe
     the same kernels. An option over 3x the fastest after one timed pass is not timed again (the int8 kernel
     takes ~0.3 s for a 128-row head)."""
     if key not in _chosen:
-        xs = [torch.randn(n, in_features) for n in rows]
+        device = options[0][0].weight.device
+        xs = [torch.randn(n, in_features, device=device) for n in rows]
         best = [float("inf")] * len(options)
         alive = list(range(len(options))) if len(options) > 1 else []
         for rep in range(reps + 1):  # the first pass warms up (packing, allocation, paging in): not counted
@@ -183,7 +184,7 @@ def _batch_invariant(k: Kernel, in_features: int) -> bool:
     """Whether the decode kernel gives a row the same bits alone as among other rows (MKL's fp32 gemm does not:
     one row takes its gemv path). Checked, not assumed: the logit lens shares the head's pass with the real
     logits only where it cannot change them."""
-    x = torch.randn(DECODE_MAX_ROWS, in_features)
+    x = torch.randn(DECODE_MAX_ROWS, in_features, device=k.weight.device)
     full = scripted.matmul(x, k.kind, k.weight, k.aux, None)
     return all(torch.equal(scripted.matmul(x[:n], k.kind, k.weight, k.aux, None), full[:n])
                for n in (1, 2, 3, 5, 8))
