@@ -144,13 +144,20 @@ def _bar_color(token: int, chosen: int, forced: Forced | None, plain_color: str)
     return CHOSEN_COLOR if token == chosen else plain_color
 
 
-def _row_role(token: int, chosen: int, forced: Forced | None, t: dict) -> str:
-    """What a row's hover says after its id: forced, would have sampled, or sampled (nothing for the rest)."""
+def row_role(token: int, chosen: int, forced: Forced | None) -> str | None:
+    """The part a row played in the step: "forced", "would" (the draw's pick when another token was forced),
+    "sampled", or None. The logits and sampling charts word it each in their own hover."""
     if forced is not None and token == forced.token:
-        return f" · {t['key_forced']}"
+        return "forced"
     if token == chosen:
-        return f" · {t['key_would'] if forced is not None else t['key_sampled']}"
-    return ""
+        return "would" if forced is not None else "sampled"
+    return None
+
+
+def _row_role(token: int, chosen: int, forced: Forced | None, t: dict) -> str:
+    """What a row's hover says after its id (nothing for rows that played no part)."""
+    role = row_role(token, chosen, forced)
+    return f" · {t['key_' + role]}" if role else ""
 
 
 def _prob(p: float) -> str:

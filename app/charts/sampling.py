@@ -9,7 +9,7 @@ from __future__ import annotations
 from engine.sampling import SamplingTrace, StageSnapshot
 
 from .common import ABOVE_PLOT, ACCENT, GREY, LABEL_CHARS, empty, figure, label_px, layout, plain, rotated_px
-from .logits import FORCED_COLOR, Forced
+from .logits import FORCED_COLOR, Forced, row_role
 from ..i18n import texts
 
 CHAIN_ORDER = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
@@ -170,11 +170,8 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
 
 def _role(token: int, chosen: int, forced: Forced | None, tx: dict) -> str:
     """A hover's note on the draw's pick and the forced token (empty for the other rows)."""
-    if forced is not None and token == forced.token:
-        return f"<br>{tx['forced']}"
-    if token == chosen:
-        return f"<br>{tx['would'] if forced is not None else tx['chosen']}"
-    return ""
+    role = row_role(token, chosen, forced)
+    return f"<br>{tx['chosen' if role == 'sampled' else role]}" if role else ""
 
 
 def sampling_cdf_chart(sampling: SamplingTrace | None, lang: str = "en", forced: Forced | None = None) -> dict:
