@@ -999,10 +999,17 @@ class Engine:
 
 def _logit_stats(logits: torch.Tensor, token: int) -> LogitStats:
     """The raw distribution's entropy and scale, and the kept token's log-probability and rank in it."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return LogitStats(entropy=float(-(logp.exp() * logp).nan_to_num().sum()), max_logit=float(logits.max()),
-                      logsumexp=float(torch.logsumexp(logits, -1)), token_logprob=float(logp[token]),
-                      token_rank=int((logits > logits[token]).sum()))
+    x = logits.float()
+    logp = torch.log_softmax(x, dim=-1)
+    # one fused pass per number (this runs for every sampled token of every sequence): sum p·log p as a dot
+    # product, and logsumexp from the token's own logit and log-probability
+    plogp = float(torch.dot(logp.exp(), logp))
+    if math.isnan(plogp):  # a -inf logit: 0·(-inf) counts as 0
+        plogp = float((logp.exp() * logp).nan_to_num().sum())
+    tok = float(x[token])
+    lse = tok - float(logp[token]) if math.isfinite(tok) else float(torch.logsumexp(x, -1))
+    return LogitStats(entropy=-plogp, max_logit=float(x.max()), logsumexp=lse, token_logprob=float(logp[token]),
+                      token_rank=int((x > tok).sum()))
 
 
 def _slots(table: list[int], block_size: int, length: int) -> torch.Tensor:

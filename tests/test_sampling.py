@@ -185,9 +185,9 @@ def cfg(n: int) -> settings:
     return settings(deadline=None, max_examples=n * SCALE, suppress_health_check=[HealthCheck.too_slow])
 
 
-# The draw and top_p first sort only the leading _PREFIX candidates (1024, more than this test's
+# The draw and top_p first sort only the leading _PREFIXES candidates (64, then 1024: more than this test's
 # vocabulary); small values make the hypothesis tests exercise the candidate/fallback logic too.
-prefixes = st.sampled_from([1024, 3, 8])
+prefixes = st.sampled_from([(64, 1024), (3,), (8,), (2, 5)])
 
 
 def t32(values) -> torch.Tensor:
@@ -203,7 +203,7 @@ def t32(values) -> torch.Tensor:
 def test_sampling_probs_matches_reference(logits, params, prompt, output, prefix):
     ref = reference(logits, params, prompt, output)
     assume(not ref["near"])
-    with mock.patch.object(sampling_mod, "_PREFIX", prefix):
+    with mock.patch.object(sampling_mod, "_PREFIXES", prefix):
         got = sampling_probs(t32(logits), params, prompt, output)
     assert got.dtype == torch.float32 and got.shape == (VOCAB,)
     np.testing.assert_allclose(got.double().numpy(), ref["probs"], atol=1e-5, rtol=1e-5)
@@ -352,7 +352,7 @@ def test_one_uniform_per_draw(params, trace):
 @cfg(150)
 @given(logit_lists, params_st, id_lists, id_lists, st.integers(0, 2**32), st.integers(0, 12), prefixes)
 def test_trace_consistency(logits, params, prompt, output, seed, top_n, prefix):
-    with mock.patch.object(sampling_mod, "_PREFIX", prefix):
+    with mock.patch.object(sampling_mod, "_PREFIXES", prefix):
         check_trace_consistency(logits, params, prompt, output, seed, top_n)
 
 
@@ -456,7 +456,7 @@ def test_draw_is_inverse_cdf(logits, params, prompt, output, u, prefix):
     assume(not ref["near"])
     expected, near = ref_draw(ref["probs"], u, ref.get("final_logits"))
     assume(not near)
-    with mock.patch.object(sampling_mod, "_PREFIX", prefix):
+    with mock.patch.object(sampling_mod, "_PREFIXES", prefix):
         tr = trace_chain(t32(logits), params, prompt, output, u)
     assert tr.chosen == expected
     assert tr.u == u
@@ -543,7 +543,7 @@ def test_candidate_prefix_equals_full_sort(params):
     us = [0.0, 0.9, 0.999999]
     fast_probs = sampling_probs(logits, params)
     fast = [trace_chain(logits, params, [], [], u, top_n=5).to_dict() for u in us]
-    with mock.patch.object(sampling_mod, "_PREFIX", 10**9):
+    with mock.patch.object(sampling_mod, "_PREFIXES", ()):
         assert torch.equal(sampling_probs(logits, params), fast_probs)
         assert [trace_chain(logits, params, [], [], u, top_n=5).to_dict() for u in us] == fast
 
