@@ -6,6 +6,7 @@ FastAPI hosts Gradio and our static files on one port (a Hugging Face Space expo
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -48,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--threads must be 0 (automatic) or positive (got {args.threads})")
     if not args.idle_minutes > 0:
         ap.error(f"--idle-minutes must be positive (got {args.idle_minutes})")
+    problem = _port_problem(args.host, args.port)
+    if problem:  # before the model loads: otherwise the load runs for a minute and then dies on the bind
+        print(f"inferlab: cannot listen on {args.host}:{args.port}: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     import uvicorn
@@ -71,6 +76,28 @@ def main(argv: list[str] | None = None) -> int:
           f"(in Russian: {url}/follow?lang=ru)", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def _port_problem(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (None when it can): checked by binding as uvicorn will."""
+    import socket
+
+    if not 0 <= port <= 65535:
+        return "a port is a number from 0 to 65535"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"unknown host ({exc.strerror})"
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "the port is already in use (another InferLab? pick another with --port)"
+            return exc.strerror or str(exc)
+    return None
 
 
 if __name__ == "__main__":
