@@ -83,6 +83,9 @@ class Room:
         self.steps = 0
         self.tokens = 0
         self.batch_sizes: Counter = Counter()  # sequences per step -> steps
+        # where the loop's wall time goes (ms, cumulative): the engine's phases, and the rest of the loop
+        # (waiting for grants, delivering events): what bench/room.py reads to say what limits a busy room
+        self.time_ms: Counter = Counter()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="room-engine-loop")
         self._thread.start()
 
@@ -272,6 +275,7 @@ class Room:
                 self._stepping = {o.label for o in granted}
             self.engine.capture_seq_ids = capture  # only what the granted owners view is instrumented
             self._pages_turn.clear()
+            t0 = time.perf_counter()
             try:
                 event = self.engine.step(trace=True, owners=[o.label for o in granted])
             except StepFailed as exc:
@@ -282,7 +286,7 @@ class Room:
                 self._failed(granted, exc)
                 continue
             else:
-                self._deliver(granted, event)
+                self._deliver(granted, event, (time.perf_counter() - t0) * 1e3)
             finally:
                 self._pages_turn.set()  # until the next step: its pages may be built now
 
@@ -301,8 +305,9 @@ class Room:
             self._stepping = set()
             self._cond.notify_all()
 
-    def _deliver(self, granted: list[Owner], event: StepEvent) -> None:
+    def _deliver(self, granted: list[Owner], event: StepEvent, call_ms: float) -> None:
         record = self._record(event)
+        t = event.timing
         with self._cond:
             for o in granted:
                 if o.grant != math.inf:
@@ -318,6 +323,8 @@ class Room:
             self.steps += 1
             self.tokens += sum(b["num_emitted"] for b in event.batch)
             self.batch_sizes[len(event.batch)] += 1
+            self.time_ms.update({"step_call": call_ms, "step": t.step_ms, "forward": t.forward_ms,
+                                 "sample": t.sample_ms, "draft": t.draft_ms, "schedule": t.schedule_ms})
             self._stepping = set()
             self._cond.notify_all()
 
@@ -381,6 +388,7 @@ class Room:
             return {"owners": len(self._owners), "steps": self.steps, "tokens": self.tokens,
                     "batch_hist": {str(k): v for k, v in sorted(self.batch_sizes.items())},
                     "max_batch": max(self.batch_sizes, default=0),
+                    "time_ms": {k: round(v, 1) for k, v in self.time_ms.items()},
                     "running": sum(1 for o in self._owners.values() if o.grant == math.inf)}
 
     def close(self) -> None:

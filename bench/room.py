@@ -141,7 +141,11 @@ class Phase:
                 for k in self.room1.get("batch_hist", {})}
         hist = {k: n for k, n in sorted(hist.items()) if n > 0}
         steps = sum(hist.values())
-        return {"steps": self.room1.get("steps", 0) - self.room0.get("steps", 0),
+        t0, t1 = self.room0.get("time_ms", {}), self.room1.get("time_ms", {})
+        # the engine loop's time per step, phase by phase (ms), and the share of the window it spent stepping
+        per_step = {k: (t1[k] - t0.get(k, 0)) / steps for k in t1} if steps else {}
+        return {"per_step_ms": per_step,
+                "busy": (t1.get("step_call", 0) - t0.get("step_call", 0)) / 1e3 / self.seconds if t1 else None,"steps": self.room1.get("steps", 0) - self.room0.get("steps", 0),
                 "tokens": self.room1.get("tokens", 0) - self.room0.get("tokens", 0), "batch_hist": hist,
                 "batch_mean": sum(k * n for k, n in hist.items()) / steps if steps else None,
                 "batch_max": max(hist) if hist else None}
@@ -344,6 +348,10 @@ def report(phases: list[dict], args) -> bool:
               f"{p['frames_all_per_client'][0]}; runs {p['runs']}, finished sequences {p['finished']}; "
               f"server CPU {fmt(p['cpu_cores'], '.2f')} cores; sessions freed "
               + (f"{p['freed_s']:.1f} s after the close" if p["freed_s"] is not None else "n/a"))
+        ps = (p["room"] or {}).get("per_step_ms")
+        if ps:
+            print(f"  engine per step (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in ps.items())
+                  + f"; engine loop busy {fmt(p['room']['busy'] * 100, '.0f')} % of the window")
         if p["error_kinds"]:
             print(f"  errors by kind: " + ", ".join(f"{k} {n}" for k, n in Counter(p["error_kinds"]).most_common()))
             for e in p["examples"]:
