@@ -262,20 +262,24 @@ async def _read_json(request, cap: int):
 
 
 async def _collect(request, run: RoomRun, reply: "Reply", error):
-    """A non-streaming answer: every delta gathered; a client that leaves meanwhile ends the run."""
+    """A non-streaming answer: every delta gathered; a client that leaves meanwhile ends the run (checked every
+    DISCONNECT_POLL_S, whether tokens are arriving or not)."""
+    checked = time.monotonic()
     while True:
         try:
             deltas = await run.next(DISCONNECT_POLL_S)
         except TimeoutError:
-            if await request.is_disconnected():
-                log.info("api client left before its answer; %s released", run.owner)
-                return error(ApiError("the client closed the connection", None, "client_closed", 499))
-            continue
+            deltas = ()
         except ApiError as exc:
             return error(exc)
         if deltas is None:
             return reply.whole(run)
         reply.add(deltas)
+        if time.monotonic() - checked >= DISCONNECT_POLL_S:
+            checked = time.monotonic()
+            if await request.is_disconnected():
+                log.info("api client left before its answer; %s released", run.owner)
+                return error(ApiError("the client closed the connection", None, "client_closed", 499))
 
 
 class Reply:

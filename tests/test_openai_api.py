@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e_util import chromium_available, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOTS = ROOT / "assets" / "screenshots"
 KEY = "test-key-16"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is gravity?"}]
@@ -269,80 +270,130 @@ def test_metrics_parse_and_count_what_the_api_did(server, client):
     assert after["inferlab:room_generation_tokens_total"] >= after["inferlab:generation_tokens_total"]
 
 
+def wait_idle(url: str, timeout: float = 30) -> dict:
+    """/metrics once no API request runs and the room holds no running sequence (what a released request leaves)."""
+    deadline = time.time() + timeout
+    while True:
+        now = metrics(url)
+        if now["inferlab:api_requests_in_flight"] == 0 and now["inferlab:num_requests_running"] == 0:
+            return now
+        assert time.time() < deadline, now
+        time.sleep(0.2)
+
+
+LONG = [{"role": "user", "content": "Write a long story about a dragon."}]
+ABORTED = 'inferlab:request_success_total{finished_reason=abort}'
+
+
 def test_a_client_that_disconnects_mid_stream_frees_its_sequences(server, client):
     url = server[0]
     before = metrics(url)
     got = 0
     with client.chat.completions.create(model=MODEL, max_tokens=400, temperature=0, stream=True,
-                                        messages=[{"role": "user", "content": "Write a long story about a dragon."}]
-                                        ) as stream:
+                                        messages=LONG) as stream:
         for chunk in stream:
             got += bool(chunk.choices and chunk.choices[0].delta.content)
             if got >= 3:
                 break  # leaving the block closes the connection
-    deadline = time.time() + 30
-    while True:
-        now = metrics(url)
-        if now["inferlab:api_requests_in_flight"] == 0 and now["inferlab:num_requests_running"] == 0:
-            break
-        assert time.time() < deadline, now
-        time.sleep(0.2)
+    now = wait_idle(url)
     assert now['inferlab:kv_cache_blocks{state=used}'] == 0
-    aborted = 'inferlab:request_success_total{finished_reason=abort}'
-    assert now.get(aborted, 0) == before.get(aborted, 0) + 1
+    assert now.get(ABORTED, 0) == before.get(ABORTED, 0) + 1
     assert now["inferlab:generation_tokens_total"] - before["inferlab:generation_tokens_total"] < 400
+
+    # a non-streaming request whose client gives up waiting is released as well
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=2.0,
+                   json={"model": MODEL, "messages": LONG, "max_tokens": 400, "temperature": 0})
+    later = wait_idle(url)
+    assert later['inferlab:kv_cache_blocks{state=used}'] == 0
+    assert later.get(ABORTED, 0) == now.get(ABORTED, 0) + 1
+
+
+def test_one_client_may_run_eight_requests_at_once(server, client):
+    """Eight streams held open are the client's limit: a ninth is answered 429 at once; they all run meanwhile."""
+    url = server[0]
+    streams = []
+    try:
+        for _ in range(8):
+            s = client.chat.completions.create(model=MODEL, messages=LONG, max_tokens=300, temperature=0, stream=True)
+            next(iter(s))  # its first chunk: the request runs
+            streams.append(s)
+        assert metrics(url)["inferlab:api_requests_in_flight"] == 8
+        with pytest.raises(openai.RateLimitError) as err:
+            client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2)
+        assert err.value.response.json()["error"]["code"] == "rate_limit_exceeded"
+    finally:
+        for s in streams:
+            s.close()
+    assert wait_idle(url)['inferlab:kv_cache_blocks{state=used}'] == 0
+    assert client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2).choices  # free again
 
 
 @pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
-def test_an_api_request_shows_live_in_the_room_view(server, client):
-    """A tab with the room panel in view watches an API request run: its segments in the batch strip are the
-    request's sequences, one step per token the API returned."""
+def test_an_api_request_runs_live_in_the_room_batched_with_a_tab(server, client):
+    """Two pages on the lab: one watches the room panel and presses nothing, the other presses Run while an API
+    request streams. The watcher's batch strip draws the request's two sequences while it runs, one step per
+    token the API returned, and steps that carry the tab's sequence and the request's together."""
     from e2e_util import browser, open_lab
+    from test_e2e_room import _prepare
 
     url = server[0]
     segments = """() => { const el = document.getElementById('chart-room-batch');
         const t = el && el.data && el.data.find((d) => d.name === 'batch');
         return t ? t.x.map((x, i) => [x, t.customdata[i][0], t.customdata[i][1]]) : []; }"""
+    answer = {}
+
+    def ask():  # streamed: the response's headers name the request's owner in the room at once
+        raw = client.completions.with_raw_response.create(
+            model=MODEL, prompt="The sky is blue because", max_tokens=40, temperature=0, n=2, stream=True,
+            stream_options={"include_usage": True})
+        answer["owner"] = raw.headers["x-inferlab-owner"]
+        answer["usage"] = [c.usage for c in raw.parse()][-1]
+
     with browser() as b:
-        page = open_lab(b, url)
-        page.wait_for_function("() => window.inferlab.state.tied", timeout=60000)
-        page.evaluate("() => document.getElementById('panel-room').scrollIntoView({block: 'start'})")
-        page.wait_for_function("""() => { const s = window.inferlab.state, id = 'chart-room-batch';
-                                          return s.drawn[id] && !s.stale[id] && !s.pending[id]; }""", timeout=60000)
-        answer = {}
+        watcher, runner = (open_lab(b.new_context(viewport={"width": 1600, "height": 1000}), url) for _ in range(2))
+        for page in (watcher, runner):
+            page.wait_for_function("() => window.inferlab.state.tied", timeout=60000)
+        watcher.evaluate("() => document.getElementById('panel-room').scrollIntoView({block: 'start'})")
+        watcher.wait_for_function("""() => { const s = window.inferlab.state, id = 'chart-room-batch';
+                                             return s.drawn[id] && !s.stale[id] && !s.pending[id]; }""",
+                                  timeout=60000)
+        _prepare(runner, "What is gravity?", max_tokens=20)
 
-        def ask():  # streamed: the response's headers name the request's owner in the room at once
-            raw = client.completions.with_raw_response.create(
-                model=MODEL, prompt="The sky is blue because", max_tokens=40, temperature=0, n=2, stream=True,
-                stream_options={"include_usage": True})
-            answer["owner"] = raw.headers["x-inferlab-owner"]
-            answer["usage"] = [c.usage for c in raw.parse()][-1]
-
-        def mine():
-            out = {}
-            for step, owner, sid in page.evaluate(segments):
+        def shown():  # {step: {owners}}, and {api sequence: {steps}} of this request
+            steps, mine = {}, {}
+            for step, owner, sid in watcher.evaluate(segments):
+                steps.setdefault(step, set()).add(owner)
                 if owner == answer.get("owner"):
-                    out.setdefault(sid, set()).add(step)
-            return out
+                    mine.setdefault(sid, set()).add(step)
+            return steps, mine
 
         worker = threading.Thread(target=ask)
         worker.start()
+        runner.click("#run button, button#run")
         seen_live = False
         while worker.is_alive():  # drawn while it runs: the room pushes its steps to the watching tab
-            seen_live |= bool(mine())
+            seen_live |= bool(shown()[1])
             time.sleep(0.2)
         worker.join()
+        runner.wait_for_selector("#html-stream .il-finish", state="attached", timeout=180000)
         owner, usage = answer["owner"], answer["usage"]
         deadline = time.time() + 30
-        while True:  # the last push after the request finished
-            api = mine()
-            if sum(len(s) for s in api.values()) == usage.completion_tokens or time.time() > deadline:
+        while True:  # the last push after both finished
+            steps, api = shown()
+            together = [k for k, owners in steps.items() if owner in owners and any(o.startswith("tab ") for o in owners)]
+            if (sum(len(s) for s in api.values()) == usage.completion_tokens and together) or time.time() > deadline:
                 break
             time.sleep(0.3)
-        page.screenshot(path=str(Path(os.environ.get("INFERLAB_SHOTS", "/tmp")) / "room-api.png"))
+        watcher.evaluate("() => { document.getElementById('panel-room').scrollIntoView({block: 'start'}); "
+                         "window.inferlab.flush(); }")
+        time.sleep(0.5)  # Plotly's responsive relayout after the scroll
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        watcher.locator("#panel-room").screenshot(path=str(SCREENSHOTS / "room-api.png"))
     assert seen_live, "the request's steps did not reach the watching tab while it ran"
     assert owner.startswith("api ") and len(api) == 2, (owner, api)  # its two choices' sequences
     assert sum(len(s) for s in api.values()) == usage.completion_tokens  # a step per token generated
+    assert together, steps  # the tab's Run and the API request in the same engine steps
 
 
 # ---- the policy (no server) ---------------------------------------------------------------------------------
