@@ -31,6 +31,21 @@ STAGE_PENALTIES = STAGE_NAMES.index("penalties")
 ROOM_FULL = {"cap_room"}  # refusals that say "busy, try later" (429), not "this request is wrong" (400)
 
 
+# The room's refusals speak to a tab ("press Reset"); an API client is told what to change in its request.
+API_REFUSALS = {
+    "cap_blocks": "this request may need {need} KV blocks (each choice's prompt + max_tokens); one request may "
+                  "reserve {max} of the shared pool; lower max_tokens or n",
+    "cap_prompt": "this request's prompts would hold {n} tokens over its choices; one request may hold {max}; lower n "
+                  "or shorten the prompt",
+    "cap_seqs": "one request may run {max} sequences at once",
+}
+
+
+def _refusal_text(exc: Refusal) -> str:
+    text = API_REFUSALS.get(exc.phrase.key)
+    return text.format(**exc.phrase.fields) if text else str(exc)
+
+
 @dataclass(frozen=True)
 class TokenInfo:
     token_id: int
@@ -81,8 +96,8 @@ class RoomRun:
         except Refusal as exc:
             self.room.leave(owner)
             busy = exc.phrase.key in ROOM_FULL
-            raise ApiError(str(exc), None, "server_busy" if busy else "request_too_large", 429 if busy else 400,
-                           "rate_limit_exceeded" if busy else "invalid_request_error") from None
+            raise ApiError(_refusal_text(exc), None, "server_busy" if busy else "request_too_large",
+                           429 if busy else 400, "rate_limit_exceeded" if busy else "invalid_request_error") from None
         except ValueError as exc:  # the engine's own checks (context, pool size)
             self.room.leave(owner)
             raise ApiError(str(exc)) from None

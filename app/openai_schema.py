@@ -271,6 +271,7 @@ def _stop(v) -> tuple[str, ...]:
     for s in stops:
         if not s or len(s) > MAX_STOP_CHARS:
             raise ApiError(f"each stop string must have 1 to {MAX_STOP_CHARS} characters", "stop", "invalid_value")
+        _unicode(s, "stop")
     return tuple(stops)
 
 
@@ -281,6 +282,16 @@ def _text(v, name: str, budget: list[int]) -> str:
     budget[0] -= len(v)
     if budget[0] < 0:
         raise ApiError("the prompt text is too long for this server", name, "context_length_exceeded")
+    return _unicode(v, name)
+
+
+def _unicode(v: str, name: str) -> str:
+    """JSON can carry a lone surrogate ("\\ud800"); the tokenizer cannot read one."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(f"{name} is not valid Unicode (a lone surrogate at index {exc.start})", name,
+                       "invalid_value") from None
     return v
 
 
