@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--api", default=os.environ.get("INFERLAB_API", "auto"), choices=("auto", "on", "off"),
                     help="auto (default): the API is on when the lab listens on this machine only or a key is set; "
                          "on / off force it")
+    ap.add_argument("--attach", default="", metavar="URL",
+                    help="attach mode: instead of running its own engine, the lab draws the panels an "
+                         "OpenAI-compatible server at URL can feed (vLLM, SGLang, llama.cpp's server, another lab); "
+                         "--api-key is then that server's key and --model its model name (default: the first it lists)")
     args = ap.parse_args(argv)
     for name, value, low in (("--kv-memory-mb", args.kv_memory_mb, 1), ("--max-sessions", args.max_sessions, 1)):
         if value < low:
@@ -58,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     import uvicorn
+
+    if args.attach:
+        return attach(args)
 
     from engine import compute
 
@@ -81,6 +88,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Lecture mode: presenter token {app.state.hub.token}  ·  viewers open {url}/follow "
           f"(in Russian: {url}/follow?lang=ru)", flush=True)
     print(startup_line(api, url), flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def attach(args) -> int:
+    """Serve the attach page (app/attach_server.py) for the server at --attach; no local model is loaded."""
+    import httpx
+    import uvicorn
+
+    from .attach_server import create_attach_app
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per metrics poll
+
+    try:
+        app = create_attach_app(args.attach, args.api_key, None if args.model == "bundled" else args.model)
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        print(f"Could not attach to {args.attach}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    url = f"http://{args.host}:{args.port}"
+    print(f"InferLab attached to {app.state.target.url} (model {app.state.target.model}): open {url} "
+          f"(in Russian: {url}/?lang=ru)", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -27,37 +28,45 @@ MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is gravity?"}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """(url, log path): `python -m app --api-key KEY` until the module ends."""
+@contextmanager
+def app_process(args: list[str], log: Path, ready: str = "/healthz"):
+    """`python -m app ARGS` on a free port until the block exits; yields its URL once `ready` answers (the lab:
+    once its model has loaded)."""
     port = free_port()
-    log = tmp_path_factory.mktemp("api") / "server.log"
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
     env.pop("INFERLAB_API_KEY", None)
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), "--api-key", KEY,
-                                 "--kv-memory-mb", "128"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), *args], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 600  # a first run dequantises the model; a busy 2-core machine takes minutes
         while True:
             assert proc.poll() is None, log.read_text()
             try:
-                health = httpx.get(url + "/healthz", timeout=5).json()
-                if health["ready"]:
+                r = httpx.get(url + ready, timeout=5)
+                if r.status_code == 200 and (ready != "/healthz" or r.json()["ready"]):
                     break
-                assert not health["error"], health["error"]
+                assert ready != "/healthz" or not r.json()["error"], r.json()["error"]
             except httpx.HTTPError:
                 pass
-            assert time.time() < deadline, "the server did not get ready:\n" + log.read_text()
+            assert time.time() < deadline, f"{args} did not get ready:\n" + log.read_text()
             time.sleep(0.5)
-        yield url, log
+        yield url
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """(url, log path): `python -m app --api-key KEY` until the module ends."""
+    log = tmp_path_factory.mktemp("api") / "server.log"
+    with app_process(["--api-key", KEY, "--kv-memory-mb", "128"], log) as url:
+        yield url, log
 
 
 @pytest.fixture(scope="module")
