@@ -159,14 +159,15 @@ def mount(app, registry, holder, settings: ApiSettings):
             if job.model not in names():
                 raise ApiError(f"the model {job.model!r} does not exist here; GET /v1/models lists "
                                f"{served_name(holder.model_id)!r}", "model", "model_not_found", 404)
-            job = await asyncio.to_thread(_tokenize, job, room.engine, limits)
             client = _client(request)
-            admission.acquire(client)
+            admission.acquire(client)  # before the tokenizer's work: a client past its limit costs nothing more
         except ApiError as exc:
             return error(exc)
-        run = RoomRun(room, job, metrics)
-        done = _once(lambda: (run.close(), admission.release(client)))
+        run = None
+        done = _once(lambda: (run and run.close(), admission.release(client)))
         try:
+            job = await asyncio.to_thread(_tokenize, job, room.engine, limits)
+            run = RoomRun(room, job, metrics)
             await run.begin()
         except ApiError as exc:
             done()
