@@ -84,6 +84,11 @@ def test_the_attach_page_draws_the_servers_own_answer(attached):
         # (6) what the server cannot show is said plainly
         assert page.locator("#attach-absent li").count() == 5
         assert page.locator(".at-error").inner_text() == ""
+        # while a longer answer streams (top 5 again), the polls catch the server running it
+        _send(page, 64, 5)
+        page.wait_for_function("""() => { const t = document.getElementById('attach-metrics').data
+                                          .find((d) => d.name === 'running (right axis)');
+                                          return t && Math.max(...t.y) >= 1; }""", timeout=30000)
         page.screenshot(path=str(SCREENSHOTS / "attach.png"), full_page=True)
         # the Russian page
         page.goto(url + "/?lang=ru")
