@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -464,3 +465,25 @@ def test_admission_caps_requests_per_client_and_in_all():
     adm.release("a")
     adm.acquire("c")
     assert adm.running() == 3
+
+
+def test_fields_map_onto_sampling_params():
+    from app.openai_schema import SEED_MAX, SEED_MIN, ApiLimits, parse_chat, parse_completion
+
+    limits = ApiLimits()
+    job = parse_chat({"model": MODEL, "messages": QUESTION, "max_completion_tokens": 30, "temperature": 0.7,
+                      "top_p": 0.9, "top_k": -1, "min_p": 0.05, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+                      "repetition_penalty": 1.2, "seed": SEED_MAX, "stop": "\n\n", "n": 3, "logprobs": True,
+                      "top_logprobs": 4, "stream": True, "stream_options": {"include_usage": True}}, limits, 49152)
+    p = job.params
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.min_p) == (30, 0.7, 0.9, 0, 0.05)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.5, 1.2)
+    assert p.stop == ("\n\n",) and job.logprobs == 4 and job.stream and job.include_usage and job.n == 3
+    # choice j samples with seed + j, wrapping inside the engine's seed range
+    job = replace(job, choice_params=(p,))
+    assert [c.seed for _, _, c in job.choices()] == [SEED_MAX, SEED_MIN, SEED_MIN + 1]
+    assert [i for i, _, _ in job.choices()] == [0, 1, 2]
+    # defaults: OpenAI's 16 tokens for completions, logprobs off, no seed
+    job = parse_completion({"model": MODEL, "prompt": ["a", "b"], "n": 2, "logprobs": 0}, limits, 49152)
+    assert job.params.max_tokens == 16 and job.params.seed is None and job.logprobs == 0
+    assert len(job.prompts) == 2 and job.n == 2
