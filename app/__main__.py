@@ -41,6 +41,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch threads for the engine (default: one core fewer than the machine has, at least 1: "
                          "the page-building threads need a core, and a full OpenMP team slows down when they "
                          "take one)")
+    ap.add_argument("--api-key", default=os.environ.get("INFERLAB_API_KEY") or None, metavar="KEY",
+                    help="the OpenAI-compatible API (/v1) and /metrics then require 'Authorization: Bearer KEY'; "
+                         "on a public deployment (a Space, or a --host other than loopback) they are off without "
+                         "one (default: $INFERLAB_API_KEY)")
+    ap.add_argument("--api", default=os.environ.get("INFERLAB_API", "auto"), choices=("auto", "on", "off"),
+                    help="auto (default): the API is on when the lab listens on this machine only or a key is set; "
+                         "on / off force it")
+    ap.add_argument("--attach", default="", metavar="URL",
+                    help="attach mode: instead of running its own engine, the lab draws the panels an "
+                         "OpenAI-compatible server at URL can feed (vLLM, SGLang, llama.cpp's server, another lab); "
+                         "--api-key is then that server's key and --model its model name (default: the first it lists)")
     args = ap.parse_args(argv)
     for name, value, low in (("--kv-memory-mb", args.kv_memory_mb, 1), ("--max-sessions", args.max_sessions, 1)):
         if value < low:
@@ -57,16 +68,23 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
+    if args.attach:
+        return attach(args)
+
     from engine import compute
 
+    from .openai_api import decide, startup_line
     from .server import create_app
 
+    # a Hugging Face Space sets SPACE_ID and SPACE_HOST: the lab is public there whatever --host says
+    on_space = bool(os.environ.get("SPACE_ID") or os.environ.get("SPACE_HOST"))
+    api = decide(args.host, args.api_key, args.api, space=on_space)
     compute.set_threads(args.threads or max(1, (os.cpu_count() or 2) - 1))
 
     app, holder = create_app(args.model, args.device, kv_memory=args.kv_memory_mb * 1024 * 1024,
                              max_sessions=args.max_sessions,
                              allowed_origins=tuple(args.allow_origin) if args.allow_origin else None,
-                             socketless_timeout_s=args.idle_minutes * 60, weights=args.weights)
+                             socketless_timeout_s=args.idle_minutes * 60, weights=args.weights, api=api)
     url = f"http://{args.host}:{args.port}"
     print(f"InferLab on {url}  (model: {args.model}, weights: {args.weights}, device: {args.device}, "
           f"torch threads: {compute.THREADS})",
@@ -74,6 +92,28 @@ def main(argv: list[str] | None = None) -> int:
     # lecture mode: the presenter types this token into the page's "Lecture mode" box; viewers open /follow
     print(f"Lecture mode: presenter token {app.state.hub.token}  ·  viewers open {url}/follow "
           f"(in Russian: {url}/follow?lang=ru)", flush=True)
+    print(startup_line(api, url), flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def attach(args) -> int:
+    """Serve the attach page (app/attach_server.py) for the server at --attach; no local model is loaded."""
+    import httpx
+    import uvicorn
+
+    from .attach_server import create_attach_app
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per metrics poll
+
+    try:
+        app = create_attach_app(args.attach, args.api_key, None if args.model == "bundled" else args.model)
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        print(f"Could not attach to {args.attach}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    url = f"http://{args.host}:{args.port}"
+    print(f"InferLab attached to {app.state.target.url} (model {app.state.target.model}): open {url} "
+          f"(in Russian: {url}/?lang=ru)", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

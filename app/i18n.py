@@ -1315,6 +1315,101 @@ UI = {
     "tokens.rank": {"en": "rank", "ru": "ранг"},
     "tokens.id": {"en": "id", "ru": "id"},
     "tokens.not_in_vocab": {"en": "not in vocabulary", "ru": "нет в словаре"},
+    # ---- attach mode (python -m app --attach URL): the lab drawn from an OpenAI-compatible server's answers
+    "attach.title": {"en": "InferLab — attached to a serving engine", "ru": "InferLab — подключена к серверу модели"},
+    "attach.target": {"en": "Attached to {url} · model {model}. Every panel below is drawn from this server's "
+                            "answers and from times measured here; the lab sends the server only the requests you "
+                            "send.",
+                      "ru": "Подключено к {url} · модель {model}. Все панели ниже построены по ответам этого сервера "
+                            "и по времени, измеренному здесь; лаборатория отправляет серверу только ваши запросы."},
+    "attach.prompt": {"en": "Prompt", "ru": "Запрос"},
+    "attach.system": {"en": "System prompt (optional)", "ru": "Системный запрос (необязательно)"},
+    "attach.temperature": {"en": "temperature", "ru": "температура"},
+    "attach.max_tokens": {"en": "max tokens", "ru": "макс. токенов"},
+    "attach.top_n": {"en": "top-N log-probabilities", "ru": "вероятностей в топе (N)"},
+    "attach.seed": {"en": "seed", "ru": "зерно"},
+    "attach.send": {"en": "Send", "ru": "Отправить"},
+    "attach.sending": {"en": "sending…", "ru": "отправляем…"},
+    "attach.step": {"en": "token", "ru": "токен"},
+    "attach.panel_tokens": {"en": "1 · The prompt as the model reads it", "ru": "1 · Запрос глазами модели"},
+    "attach.panel_stream": {"en": "2 · The streamed deltas", "ru": "2 · Потоковые фрагменты текста"},
+    "attach.panel_stream_text": {"en": "Each chunk of text as the server's streaming detokenizer released it, with "
+                                       "its arrival time in ms after the request was sent (measured here).",
+                                 "ru": "Каждый фрагмент текста в том виде, в каком его выпустил потоковый "
+                                       "детокенизатор сервера, и время его прихода в мс после отправки запроса "
+                                       "(измерено здесь)."},
+    "attach.panel_top": {"en": "3 · The server's top-N at each token", "ru": "3 · Топ-N сервера для каждого токена"},
+    "attach.panel_top_text": {"en": "The log-probabilities the server returned (logprobs, top_logprobs): only its N "
+                                    "most likely tokens, not the full distribution; the chart says how much "
+                                    "probability the N leave out. Move the slider to pick the token.",
+                              "ru": "Логарифмы вероятностей, которые вернул сервер («logprobs», «top_logprobs»): "
+                                    "только N самых вероятных токенов, а не всё распределение; на графике видно, "
+                                    "сколько вероятности осталось за пределами топа. Ползунок выбирает токен."},
+    "attach.panel_timing": {"en": "4 · Time to first token and between tokens",
+                            "ru": "4 · Время до первого токена и между токенами"},
+    "attach.panel_metrics": {"en": "5 · The server's metrics over time", "ru": "5 · Метрики сервера во времени"},
+    "attach.panel_metrics_text": {"en": "Read from the server's own /metrics every second while this page is open: "
+                                        "KV-cache usage, requests running and waiting, prefix-cache hit rate, "
+                                        "preemptions (vLLM, SGLang, llama.cpp and InferLab names are understood).",
+                                  "ru": "Каждую секунду, пока открыта страница, читаем собственные метрики сервера "
+                                        "(/metrics): заполнение KV-кэша, выполняемые и ждущие запросы, долю "
+                                        "попаданий в кэш префиксов, вытеснения (понимаем имена метрик vLLM, "
+                                        "«SGLang», «llama.cpp» и InferLab)."},
+    "attach.panel_absent": {"en": "6 · What an attached server does not show", "ru": "6 · Чего подключённый сервер "
+                                                                                         "не показывает"},
+    "attach.absent_text": {"en": "These panels of the lab need the engine's insides, which an OpenAI-compatible "
+                                 "server does not expose; run the lab on its own engine to see them:",
+                           "ru": "Этим панелям лаборатории нужно внутреннее устройство движка, а совместимый с "
+                                 "«OpenAI» сервер его не открывает; запустите лабораторию на собственном движке, "
+                                 "чтобы их увидеть:"},
+    "attach.absent_items": {"en": ["attention per layer and head, the logit lens, embeddings and residual norms",
+                                   "the full next-token distribution and each stage of the sampling chain",
+                                   "KV block tables, the block pool and prefix sharing block by block",
+                                   "the scheduler's batches step by step, preemptions as they happen",
+                                   "speculative drafts and their verification"],
+                            "ru": ["внимание по слоям и головам, логит-линза, эмбеддинги и нормы остаточного потока",
+                                   "полное распределение следующего токена и каждый этап цепочки сэмплирования",
+                                   "таблицы блоков KV, пул блоков и общие префиксы блок за блоком",
+                                   "батчи планировщика шаг за шагом и вытеснения в момент, когда они происходят",
+                                   "черновики спекулятивного декодирования и их проверка"]},
+    "attach.top_title": {"en": "The server's top-{n} at token {i} «{token}» (the other tokens: {rest})",
+                         "ru": "Топ-{n} сервера для токена {i} «{token}» (остальные токены: {rest})"},
+    "attach.top_title_empty": {"en": "The server's top-N", "ru": "Топ-N сервера"},
+    "attach.top_x": {"en": "probability (e^logprob)", "ru": "вероятность (e^log p)"},
+    "attach.no_logprobs": {"en": "no log-probabilities yet (or the server sends none)",
+                           "ru": "вероятностей пока нет (или сервер их не присылает)"},
+    "attach.timing_title": {"en": "Measured here: first token after {ttft} ms, then a median {itl} ms between tokens",
+                            "ru": "Измерено здесь: первый токен через {ttft} мс, затем в среднем (медиана) {itl} мс "
+                                  "между токенами"},
+    "attach.timing_title_empty": {"en": "Time to first token and between tokens",
+                                  "ru": "Время до первого токена и между токенами"},
+    "attach.timing_x": {"en": "token (the first bar: time to first token)",
+                        "ru": "токен (первый столбец: время до первого токена)"},
+    "attach.no_tokens": {"en": "no tokens yet: send a prompt", "ru": "токенов пока нет: отправьте запрос"},
+    "attach.metrics_title": {"en": "The server's /metrics over time", "ru": "Метрики сервера (/metrics) во времени"},
+    "attach.metrics_x": {"en": "seconds (0 = now)", "ru": "секунды (0 = сейчас)"},
+    "attach.metrics_wait": {"en": "reading the server's metrics…", "ru": "читаем метрики сервера…"},
+    "attach.metrics_none": {"en": "the server exposes no metrics this page understands",
+                            "ru": "сервер не отдаёт метрик, понятных этой странице"},
+    "attach.q_kv_usage": {"en": "KV cache used, %", "ru": "KV-кэш занят, %"},
+    "attach.q_hit_rate": {"en": "prefix-cache hits, %", "ru": "попадания в кэш префиксов, %"},
+    "attach.q_running": {"en": "running (right axis)", "ru": "выполняются (правая ось)"},
+    "attach.q_waiting": {"en": "waiting (right axis)", "ru": "ждут (правая ось)"},
+    "attach.q_preemptions": {"en": "preemptions (right axis)", "ru": "вытеснения (правая ось)"},
+    "attach.stream_empty": {"en": "Send a prompt: its answer streams here.", "ru": "Отправьте запрос: ответ появится "
+                                                                                   "здесь по частям."},
+    "attach.finished": {"en": "finished ({reason}): {n} tokens; the server counted {prompt} prompt and {completion} "
+                              "completion tokens",
+                        "ru": "завершено ({reason}): токенов {n}; сервер насчитал {prompt} токенов запроса и "
+                              "{completion} токенов ответа"},
+    "attach.no_tokenizer": {"en": "The model's tokenizer could not be loaded here ({why}); the server's answers are "
+                                  "still drawn below.",
+                            "ru": "Токенизатор модели здесь загрузить не удалось ({why}); ответы сервера всё равно "
+                                  "показаны ниже."},
+    "attach.token_count": {"en": "{n} tokens through the model's own tokenizer and chat template (the server "
+                                 "counted {server})",
+                           "ru": "токенов: {n} — по собственному токенизатору и шаблону чата модели (сервер "
+                                 "насчитал {server})"},
 }
 
 # the stage panels in page order (their title and explanation: "panel.<key>.title", "panel.<key>.text")

@@ -95,7 +95,7 @@ def follow_html(lang: str = "en") -> str:
 def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | None = None, base=None,
                presenter_token: str | None = None, max_sessions: int = 24,
                allowed_origins: tuple[str, ...] | None = None, socketless_timeout_s: float = 300.0,
-               weights: str = "fp32"):
+               weights: str = "fp32", api=None):
     """Build the FastAPI app. With `base` (an Engine) no loading happens: used by tests.
 
     `presenter_token`: the lecture-mode secret (default: $INFERLAB_PRESENTER_TOKEN, else a random one,
@@ -107,6 +107,7 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     `socketless_timeout_s`: a session whose page has no open websocket (an API client) is freed after this long
     without an event.
     `weights`: the format the model's projections run in ("fp32", "bf16", "int8", "q4": engine/kernels.py).
+    `api`: app.openai_api.ApiSettings for /v1 and /metrics (default: on, no key: python -m app decides it).
     """
     import os
 
@@ -116,7 +117,7 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     from fastapi.responses import FileResponse, HTMLResponse
     from fastapi.staticfiles import StaticFiles
 
-    from . import downloads, render
+    from . import downloads, openai_api, render
     from .delivery import RoomPusher
     from .live import Hub, Lecture, PresenterSocket
     from .session import LabSession, SessionRegistry
@@ -217,6 +218,10 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     @app.get("/follow")
     def follow_page(lang: str = "en"):
         return HTMLResponse(follow_html(lang))
+
+    # the OpenAI-compatible API and /metrics: requests are owners in the same room as the tabs
+    app.state.api_settings = api or openai_api.ApiSettings()
+    app.state.api_metrics = openai_api.mount(app, registry, holder, app.state.api_settings)
 
     # not "/static": Gradio serves its own fonts and scripts there, and a mount declared first would hide them
     app.mount("/lab-static", StaticFiles(directory=str(STATIC)), name="lab-static")

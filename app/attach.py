@@ -1,0 +1,193 @@
+"""Attach mode's client side: the lab pointed at a running OpenAI-compatible server (vLLM, SGLang, llama.cpp's
+server, another lab) instead of its own engine.
+
+The lab stays read-only towards the server except for the requests its user sends: `AttachTarget.stream_chat`
+sends one streaming chat request with logprobs and yields an `AttachRun` as each chunk arrives (the deltas, each
+token's top-N log-probabilities as the server reports them, arrival times measured here); `scrape` reads the
+server's /metrics into a bounded time series of the quantities serving engines export under their own names
+(vLLM, SGLang, llama.cpp, this lab). What the server does not expose — attention, block tables, the logit lens —
+is not invented: app/charts/attach.py says so.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import httpx
+
+MAX_PROMPT_CHARS = 20000
+MAX_TOKENS = 2048
+MAX_TOP = 20
+SERIES_POINTS = 600  # /metrics samples kept (ten minutes at one a second)
+SCRAPE_EVERY_S = 1.0
+
+# Each quantity the metrics chart draws, and the names serving engines export it under (after their prefix:
+# "vllm:", "sglang:", "llamacpp:", "inferlab:").
+QUANTITIES = {
+    "kv_usage": ("kv_cache_usage_perc", "gpu_cache_usage_perc", "token_usage", "kv_cache_usage_ratio"),
+    "running": ("num_requests_running", "num_running_reqs", "requests_processing"),
+    "waiting": ("num_requests_waiting", "num_queue_reqs", "requests_deferred"),
+    "prefix_hits": ("prefix_cache_hits_total", "prefix_cache_hits"),
+    "prefix_queries": ("prefix_cache_queries_total", "prefix_cache_queries"),
+    "hit_rate": ("cache_hit_rate", "prefix_cache_hit_rate"),
+    "preemptions": ("num_preemptions_total", "num_preemptions"),
+}
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+@dataclass
+class Token:
+    text: str  # the token as the server names it
+    logprob: float | None
+    top: list[tuple[str, float]]  # the server's top-N: (token, logprob), most likely first
+    delta: str  # the text this chunk added
+    t: float  # seconds from sending the request to this chunk's arrival
+
+
+@dataclass
+class AttachRun:
+    prompt: str
+    params: dict
+    tokens: list[Token] = field(default_factory=list)
+    ttft: float | None = None
+    finish_reason: str | None = None
+    usage: dict | None = None
+    error: str = ""
+    done: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(t.delta for t in self.tokens)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """{quantity: value} from Prometheus text: each QUANTITIES entry found under any engine's name (samples with
+    labels are summed, as a server with several models or engines reports one per label set)."""
+    values: dict[str, float] = {}
+    by_suffix = {name: q for q, names in QUANTITIES.items() for name in names}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        name = m.group(1).split(":")[-1]
+        q = by_suffix.get(name)
+        if q is None:
+            continue
+        try:
+            v = float(m.group(3))
+        except ValueError:
+            continue
+        if math.isfinite(v):
+            values[q] = values.get(q, 0.0) + v
+    if "hit_rate" not in values and values.get("prefix_queries"):
+        values["hit_rate"] = values.get("prefix_hits", 0.0) / values["prefix_queries"]
+    return values
+
+
+class AttachTarget:
+    def __init__(self, url: str, api_key: str | None = None, model: str | None = None):
+        self.url = url.rstrip("/").removesuffix("/v1")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.model = model
+        self.series: deque = deque(maxlen=SERIES_POINTS)  # (unix time, {quantity: value})
+        self.metrics_note = ""  # why there are no metrics, when there are none
+        self._scraped = 0.0
+        self._lock = threading.Lock()
+
+    def resolve_model(self) -> str:
+        """--model, else the first model the server's /v1/models lists."""
+        if not self.model:
+            r = httpx.get(self.url + "/v1/models", headers=self.headers, timeout=30)
+            r.raise_for_status()
+            self.model = r.json()["data"][0]["id"]
+        return self.model
+
+    def scrape(self) -> deque:
+        """Read the server's /metrics (at most once a second, whoever asks) into the series."""
+        with self._lock:
+            if time.time() - self._scraped < SCRAPE_EVERY_S:
+                return self.series
+            self._scraped = time.time()
+        try:
+            r = httpx.get(self.url + "/metrics", headers=self.headers, timeout=10)
+            r.raise_for_status()
+            values = parse_metrics(r.text)
+            self.metrics_note = "" if values else "no_known_metrics"
+        except httpx.HTTPError as exc:
+            self.metrics_note, values = f"unreachable: {exc}"[:200], {}
+        if values:
+            with self._lock:
+                self.series.append((time.time(), values))
+        return self.series
+
+    def stream_chat(self, prompt: str, params: dict, system: str | None = None):
+        """Send one streaming chat request with logprobs; yield the run after every chunk (the same object,
+        growing), last with done=True. Errors end the run with `error` set, never an exception."""
+        run = AttachRun(prompt, params)
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        body = {"model": self.resolve_model(), "messages": messages, "stream": True,
+                "stream_options": {"include_usage": True}, "logprobs": True, **params}
+        sent = time.perf_counter()
+        try:
+            with httpx.stream("POST", self.url + "/v1/chat/completions", json=body, headers=self.headers,
+                              timeout=httpx.Timeout(30, read=600)) as r:
+                if r.status_code != 200:
+                    r.read()
+                    run.error = _error_text(r)
+                else:
+                    for line in r.iter_lines():
+                        if _take(run, line, time.perf_counter() - sent):
+                            yield run
+        except httpx.HTTPError as exc:
+            run.error = f"{type(exc).__name__}: {exc}"[:300]
+        run.done = True
+        yield run
+
+
+def _error_text(r) -> str:
+    try:
+        return f"HTTP {r.status_code}: {r.json()['error']['message']}"[:300]
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {r.status_code}: {r.text[:200]}"
+
+
+def _take(run: AttachRun, line: str, t: float) -> bool:
+    """One server-sent line into the run; True when it changed something the page shows."""
+    if not line.startswith("data:"):
+        return False
+    data = line[5:].strip()
+    if data == "[DONE]":
+        return False
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        return False
+    if "error" in chunk:
+        run.error = str(chunk["error"].get("message", chunk["error"]))[:300]
+        return True
+    if chunk.get("usage"):
+        run.usage = chunk["usage"]
+    changed = bool(chunk.get("usage"))
+    for choice in chunk.get("choices") or []:
+        delta = (choice.get("delta") or {}).get("content") or ""
+        entries = ((choice.get("logprobs") or {}).get("content")) or []
+        if entries:
+            for i, e in enumerate(entries):  # a chunk may carry several tokens (llama.cpp, vLLM under load)
+                top = [(x.get("token", ""), float(x["logprob"])) for x in e.get("top_logprobs") or []
+                       if x.get("logprob") is not None]
+                run.tokens.append(Token(e.get("token", ""), e.get("logprob"), top, delta if i == 0 else "", t))
+            changed = True
+        elif delta:
+            run.tokens.append(Token(delta, None, [], delta, t))
+            changed = True
+        if delta and run.ttft is None:
+            run.ttft = t
+        if choice.get("finish_reason"):
+            run.finish_reason = choice["finish_reason"]
+            changed = True
+    return changed

@@ -1,0 +1,377 @@
+"""The OpenAI-compatible API on the lab's own port: POST /v1/completions and /v1/chat/completions (server-sent
+events when `stream` is true), GET /v1/models, and GET /metrics (Prometheus text, app/metrics_api.py).
+
+A request runs in the room's shared engine as an owner of its own ("api 3"), granted steps until it finishes as a
+tab's Run is (app/openai_run.py): it batches with whatever the tabs run and shows in the room view. Bodies are
+checked by app/openai_schema.py before any work; this module adds what is about the HTTP side: who may call
+(`ApiSettings`: on locally, off on a public deployment unless a key is set), the body's size, how many requests
+one client and everyone together may have running (`Admission`), the answer's format, and a client that goes
+away (its sequences are released at once).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+# module level: FastAPI resolves the routes' string annotations (PEP 563) from module globals
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from .metrics_api import ApiMetrics, render
+from .openai_run import RoomRun
+from .openai_schema import ApiError, ApiLimits, Job, parse_chat, parse_completion, tokenize
+
+log = logging.getLogger("inferlab")
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+DISCONNECT_POLL_S = 0.5
+OWNER_HEADER = "X-InferLab-Owner"  # a non-streaming request checks this often whether its client is still there
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    enabled: bool = True
+    api_key: str | None = None
+    why_off: str = ""  # the 403's message when not enabled
+    limits: ApiLimits = field(default_factory=ApiLimits)
+
+
+def decide(host: str, api_key: str | None, mode: str = "auto", space: bool = False) -> ApiSettings:
+    """Whether /v1 and /metrics answer. "auto": on when the lab listens on this machine only; on a public
+    deployment (a Hugging Face Space, or any host other than loopback) only with a key. "on" and "off" force."""
+    key = api_key or None
+    public = space or host not in LOOPBACK
+    if mode == "off":
+        return ApiSettings(False, None, "the OpenAI API is turned off on this server (--api off)")
+    if mode == "on" or key or not public:
+        return ApiSettings(True, key)
+    return ApiSettings(False, None, "the OpenAI API is off on this public deployment; the operator can turn it on "
+                                    "by starting the lab with --api-key KEY (or $INFERLAB_API_KEY)")
+
+
+def startup_line(settings: ApiSettings, url: str) -> str:
+    if not settings.enabled:
+        return f"OpenAI API: off ({settings.why_off})"
+    who = ("requires Authorization: Bearer <--api-key>" if settings.api_key
+           else "no key: anyone who can reach this port may call it")
+    return f"OpenAI API: on at {url}/v1 ({who}); Prometheus metrics at {url}/metrics"
+
+
+class Admission:
+    """Requests running now, per client and in all; past a limit a request is answered 429 before any work."""
+
+    def __init__(self, limits: ApiLimits):
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._by_client: Counter = Counter()
+
+    def acquire(self, client: str) -> None:
+        with self._lock:
+            if sum(self._by_client.values()) >= self.limits.max_concurrent:
+                raise ApiError(f"the server runs {self.limits.max_concurrent} API requests at once, its limit; try "
+                               "again shortly", None, "rate_limit_exceeded", 429, "rate_limit_exceeded")
+            if self._by_client[client] >= self.limits.max_concurrent_per_client:
+                raise ApiError(f"one client may run {self.limits.max_concurrent_per_client} requests at once; wait "
+                               "for one to finish", None, "rate_limit_exceeded", 429, "rate_limit_exceeded")
+            self._by_client[client] += 1
+
+    def release(self, client: str) -> None:
+        with self._lock:
+            self._by_client[client] -= 1
+            if self._by_client[client] <= 0:
+                del self._by_client[client]
+
+    def running(self) -> int:
+        with self._lock:
+            return sum(self._by_client.values())
+
+
+def served_name(model_id: str) -> str:
+    """The name /v1/models lists: the model id without the lab's note on how it was loaded."""
+    return model_id.split(" (")[0]
+
+
+def mount(app, registry, holder, settings: ApiSettings):
+    """Declare the routes on `app` (before Gradio's catch-all mount). Returns the ApiMetrics it counts into."""
+    from fastapi.responses import JSONResponse, PlainTextResponse
+
+    limits = settings.limits
+    metrics = ApiMetrics()
+    admission = Admission(limits)
+
+    def error(exc: ApiError):
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    def check_access(request) -> None:
+        if not settings.enabled:
+            raise ApiError(settings.why_off, None, "api_disabled", 403, "permission_error")
+        if settings.api_key:
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                                     settings.api_key.encode()):
+                raise ApiError("missing or wrong API key: send the header Authorization: Bearer <key>", None,
+                               "invalid_api_key", 401)
+
+    def ready():
+        room = registry.room
+        if not holder.ready or room is None:
+            raise ApiError(holder.error or f"the model is still loading ({holder.progress:.0%}); try again shortly",
+                           None, "model_not_ready", 503, "server_error")
+        return room
+
+    def names() -> set[str]:
+        return {served_name(holder.model_id), holder.model_id, holder.source}
+
+    @app.get("/v1/models")
+    async def list_models(request: Request):
+        try:
+            check_access(request)
+            ready()
+        except ApiError as exc:
+            return error(exc)
+        return {"object": "list", "data": [{"id": served_name(holder.model_id), "object": "model",
+                                            "created": int(app.state.started), "owned_by": "inferlab"}]}
+
+    @app.get("/metrics")
+    async def prometheus(request: Request):
+        try:
+            check_access(request)
+        except ApiError as exc:
+            return error(exc)
+        text = await asyncio.to_thread(_render, registry.room if holder.ready else None, metrics)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def serve(request: Request, kind: str):
+        try:
+            check_access(request)
+            body = await _read_json(request, limits.max_body_bytes)
+            room = ready()
+            parse = parse_chat if kind == "chat" else parse_completion
+            job = parse(body, limits, room.engine.spec.vocab_size)
+            if job.model not in names():
+                raise ApiError(f"the model {job.model!r} does not exist here; GET /v1/models lists "
+                               f"{served_name(holder.model_id)!r}", "model", "model_not_found", 404)
+            client = _client(request)
+            admission.acquire(client)  # before the tokenizer's work: a client past its limit costs nothing more
+        except ApiError as exc:
+            return error(exc)
+        run = None
+        done = _once(lambda: (run and run.close(), admission.release(client)))
+        try:
+            job = await asyncio.to_thread(_tokenize, job, room.engine, limits)
+            run = RoomRun(room, job, metrics)
+            await run.begin()
+        except ApiError as exc:
+            done()
+            return error(exc)
+        except BaseException:
+            done()
+            raise
+        reply = Reply(job, served_name(holder.model_id))
+        # the request's label in the room view ("api 3"): a client can find its own sequences there
+        owner = {OWNER_HEADER: run.owner}
+        if job.stream:
+            return _RunStream(reply.events(run), done, media_type="text/event-stream",
+                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **owner})
+        try:
+            answer = await _collect(request, run, reply, error)
+        finally:
+            done()
+        return JSONResponse(answer, headers=owner) if isinstance(answer, dict) else answer
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await serve(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await serve(request, "completion")
+
+    app.state.started = time.time()
+    return metrics
+
+
+class _RunStream(StreamingResponse):
+    """A stream that closes its run however the response ends: finished, failed, or the client gone (Starlette
+    cancels the body when the client disconnects, and a body never started would run no finally of its own)."""
+
+    def __init__(self, body, on_close, **kwargs):
+        super().__init__(body, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+def _render(room, metrics: ApiMetrics) -> str:
+    for attempt in range(3):
+        try:
+            return render(room, metrics)
+        except (KeyError, RuntimeError):  # the engine changed a sequence while kv_stats read it: read again
+            if attempt == 2:
+                raise
+    return ""
+
+
+def _tokenize(job: Job, engine, limits: ApiLimits) -> Job:
+    try:
+        return tokenize(job, engine, limits)
+    except ApiError:
+        raise
+    except ValueError as exc:  # the engine's own checks (an empty prompt, a lone surrogate)
+        raise ApiError(str(exc), "messages" if job.kind == "chat" else "prompt") from None
+
+
+def _once(fn):
+    fired = []
+
+    def call():
+        if not fired:
+            fired.append(True)
+            fn()
+    return call
+
+
+def _client(request) -> str:
+    return request.client.host if request.client else "?"
+
+
+async def _read_json(request, cap: int):
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > cap):
+        raise ApiError(f"the request body must be at most {cap} bytes", None, "body_too_large", 413)
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > cap:
+            raise ApiError(f"the request body must be at most {cap} bytes", None, "body_too_large", 413)
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise ApiError("the request body is not valid JSON", None, "invalid_json") from None
+
+
+async def _collect(request, run: RoomRun, reply: "Reply", error):
+    """A non-streaming answer: every delta gathered; a client that leaves meanwhile ends the run (checked every
+    DISCONNECT_POLL_S, whether tokens are arriving or not)."""
+    checked = time.monotonic()
+    while True:
+        try:
+            deltas = await run.next(DISCONNECT_POLL_S)
+        except TimeoutError:
+            deltas = ()
+        except ApiError as exc:
+            return error(exc)
+        if deltas is None:
+            return reply.whole(run)
+        reply.add(deltas)
+        if time.monotonic() - checked >= DISCONNECT_POLL_S:
+            checked = time.monotonic()
+            if await request.is_disconnected():
+                log.info("api client left before its answer; %s released", run.owner)
+                return error(ApiError("the client closed the connection", None, "client_closed", 499))
+
+
+class Reply:
+    """The answer's JSON, whole (`whole`) or as server-sent events (`events`), in OpenAI's shapes."""
+
+    def __init__(self, job: Job, model: str):
+        self.job, self.model = job, model
+        self.chat = job.kind == "chat"
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + secrets.token_hex(12)
+        self.created = int(time.time())
+        count = len(job.prompts) * job.n
+        self.text = [""] * count
+        self.tokens = [[] for _ in range(count)]  # (TokenInfo, top alternatives) per token, with logprobs
+        self.finish = [None] * count
+
+    def add(self, deltas) -> None:
+        for d in deltas:
+            self.text[d.index] += d.text
+            if d.token is not None:
+                self.tokens[d.index].append((d.token, d.top))
+            if d.finish_reason:
+                self.finish[d.index] = d.finish_reason
+
+    def usage(self, run: RoomRun) -> dict:
+        done = sum(run.tokens)
+        return {"prompt_tokens": run.prompt_tokens, "completion_tokens": done,
+                "total_tokens": run.prompt_tokens + done}
+
+    def whole(self, run: RoomRun) -> dict:
+        choices = []
+        for i, text in enumerate(self.text):
+            lp = self._logprobs(self.tokens[i], 0) if self.job.logprobs is not None else None
+            if self.chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
+                                "finish_reason": self.finish[i]})
+            else:
+                choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": self.finish[i]})
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices, "usage": self.usage(run)}
+
+    def _logprobs(self, tokens, offset: int) -> dict:
+        if self.chat:
+            return {"content": [dict(_entry(t), top_logprobs=[_entry(x) for x in top]) for t, top in tokens]}
+        offsets = []
+        for t, _ in tokens:
+            offsets.append(offset)
+            offset += len(t.text)
+        return {"tokens": [t.text for t, _ in tokens], "token_logprobs": [t.logprob for t, _ in tokens],
+                "top_logprobs": [{x.text: x.logprob for x in (*top, t)} for t, top in tokens],
+                "text_offset": offsets}
+
+    def _chunk(self, choices: list[dict], usage=None) -> str:
+        data = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices}
+        if self.job.include_usage:
+            data["usage"] = usage
+        return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+    def _delta_choice(self, d) -> dict:
+        lp = None
+        if self.job.logprobs is not None and d.token is not None:
+            lp = self._logprobs([(d.token, d.top)], len(self.text[d.index]) - len(d.text))
+        if self.chat:
+            delta = {"content": d.text} if d.text or not d.finish_reason else {}
+            return {"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason}
+        return {"index": d.index, "text": d.text, "logprobs": lp, "finish_reason": d.finish_reason}
+
+    async def events(self, run: RoomRun):
+        """Server-sent events: (chat) each choice's role first, then a chunk per token that released text,
+        carries logprobs or ends its choice; the usage chunk when asked for; "[DONE]". An engine failure ends
+        the stream with an error object, as OpenAI's own streams do."""
+        if self.chat:
+            for i in range(len(self.text)):
+                yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                    "finish_reason": None}])
+        while True:
+            try:
+                deltas = await run.next()
+            except ApiError as exc:
+                yield f"data: {json.dumps(exc.body())}\n\n"
+                break
+            if deltas is None:
+                break
+            self.add(deltas)
+            for d in deltas:  # one choice per chunk, as OpenAI's own streams send them
+                if d.text or d.finish_reason or self.job.logprobs is not None:
+                    yield self._chunk([self._delta_choice(d)])
+        if self.job.include_usage:
+            yield self._chunk([], self.usage(run))
+        yield "data: [DONE]\n\n"
+
+
+def _entry(t) -> dict:
+    return {"token": t.text, "logprob": t.logprob, "bytes": t.bytes}

@@ -1,0 +1,128 @@
+"""Attach mode (issue 16, "Attach"): `python -m app --attach URL` draws the panels an OpenAI-compatible server can
+feed from that server's answers. Tested against a real one started here, the lab's own /v1 in a second process
+(`python -m app --api-key K`), in Debian's Chromium: the attach page's charts hold exactly what the server
+answered the same request through the official `openai` client, and its metrics chart follows the server's
+/metrics. llama.cpp's and vLLM's servers are not installed on this machine (README: how to attach to them)."""
+from __future__ import annotations
+
+import json
+import math
+
+import httpx
+import openai
+import pytest
+
+from e2e_util import browser, chromium_available
+from test_openai_api import KEY, MODEL, SCREENSHOTS, app_process
+
+pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
+PROMPT = "What is gravity?"
+
+
+@pytest.fixture(scope="module")
+def attached(tmp_path_factory):
+    """(target url, attach page url): the lab serving /v1, and the attach page pointed at it."""
+    logs = tmp_path_factory.mktemp("attach")
+    with app_process(["--api-key", KEY, "--kv-memory-mb", "128"], logs / "target.log") as target:
+        with app_process(["--attach", target, "--api-key", KEY], logs / "attach.log", ready="/") as page:
+            yield target, page
+
+
+def _send(page, max_tokens: int, top_n: int) -> None:
+    page.fill("#attach-prompt", PROMPT)
+    page.fill("#attach-temperature", "0")
+    page.fill("#attach-max-tokens", str(max_tokens))
+    page.fill("#attach-top-n", str(top_n))
+    page.click("#attach-send")
+    page.wait_for_function("() => window.attach.state.done", timeout=180000)
+
+
+def _bars(page) -> list[tuple[str, float]]:
+    """The top-N chart's bars as drawn: (label, probability), most likely first."""
+    bars = page.evaluate("() => { const t = document.getElementById('attach-top').data[0]; return [t.y, t.x]; }")
+    return list(zip(bars[0], bars[1]))[::-1]
+
+
+def test_the_attach_page_draws_the_servers_own_answer(attached):
+    from app.charts.common import token_label
+
+    target, url = attached
+    # the same request straight to the server, through the official client (greedy: the same answer)
+    client = openai.OpenAI(base_url=target + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}],
+                                            max_tokens=12, temperature=0, logprobs=True, top_logprobs=5)
+    content = answer.choices[0].logprobs.content
+    with browser() as b:
+        page = b.new_page(viewport={"width": 1500, "height": 1300})
+        page.goto(url)
+        _send(page, 12, 5)
+        # (1) the streamed deltas are the server's answer
+        deltas = page.evaluate("""() => [...document.querySelectorAll('#attach-stream .at-delta')]
+                                        .map((e) => e.firstChild.textContent)""")
+        assert "".join(d.replace("∅", "") for d in deltas) == answer.choices[0].message.content
+        # (2) the top-N chart at the last token and, after the slider moves, at the first: the server's top-5
+        want = [(token_label(x.token), math.exp(x.logprob)) for x in content[-1].top_logprobs]
+        drawn = _bars(page)
+        assert [label for label, _ in drawn] == [label for label, _ in want]
+        assert all(abs(a - b) < 1e-5 for (_, a), (_, b) in zip(drawn, want))  # the chart keeps float32
+        page.evaluate("() => { const s = document.getElementById('attach-step'); s.value = 0; "
+                      "s.dispatchEvent(new Event('input')); }")
+        first = [token_label(x.token) for x in content[0].top_logprobs]
+        page.wait_for_function("want => JSON.stringify(document.getElementById('attach-top').data[0].y.slice()"
+                               ".reverse()) === JSON.stringify(want)", arg=first, timeout=30000)
+        # (3) one timing bar per token, the first the time to first token
+        bars = page.evaluate("() => document.getElementById('attach-timing').data[0].y.length")
+        assert bars == len(content) == answer.usage.completion_tokens
+        # (4) the prompt through the model's tokenizer: as many tokens as the server counted
+        tokens = page.evaluate("() => document.querySelectorAll('#attach-tokens .at-tok').length")
+        assert tokens == answer.usage.prompt_tokens
+        assert f"the server counted {answer.usage.prompt_tokens}" in page.inner_text("#attach-tokens")
+        # (5) the server's /metrics over time: its KV usage and running requests, a point per poll
+        page.wait_for_function("() => window.attach.state.metrics >= 3", timeout=60000)
+        names = page.evaluate("() => document.getElementById('attach-metrics').data.map((t) => t.name)")
+        assert "KV cache used, %" in names and "running (right axis)" in names
+        # (6) what the server cannot show is said plainly
+        assert page.locator("#attach-absent li").count() == 5
+        assert page.locator(".at-error").inner_text() == ""
+        # while a longer answer streams (top 5 again), the polls catch the server running it
+        _send(page, 64, 5)
+        page.wait_for_function("""() => { const t = document.getElementById('attach-metrics').data
+                                          .find((d) => d.name === 'running (right axis)');
+                                          return t && Math.max(...t.y) >= 1; }""", timeout=30000)
+        page.screenshot(path=str(SCREENSHOTS / "attach.png"), full_page=True)
+        # the Russian page
+        page.goto(url + "/?lang=ru")
+        assert "подключена" in page.title() and "Отправить" in page.inner_text("#attach-send")
+
+
+def test_the_attach_page_refuses_bad_input_and_reports_server_errors(attached):
+    target, url = attached
+    for body, status in (({"prompt": ""}, 400), ({"prompt": "x" * 20001}, 400),
+                         ({"prompt": "hi", "max_tokens": 5000}, 400), ({"prompt": "hi", "temperature": "hot"}, 400)):
+        r = httpx.post(url + "/attach/ask", json=body, timeout=30)
+        assert r.status_code == status and r.json()["error"], body
+    assert "top_n" in httpx.post(url + "/attach/ask", json={"prompt": "hi", "top_n": 25}, timeout=30).json()["error"]
+    # the server's own refusal (max_tokens past its KV reservation cap) reaches the page as the server worded it
+    r = httpx.post(url + "/attach/ask", json={"prompt": "hi", "max_tokens": 2048}, timeout=60)
+    frames = [json.loads(line) for line in r.text.splitlines()]
+    assert r.status_code == 200 and frames[-1]["done"]
+    said = frames[-1]["html"]["attach-stream"]
+    assert "HTTP 400" in said and "max_tokens" in said and "at-error" in said
+
+
+def test_metrics_of_other_engines_are_read_under_their_names():
+    from app.attach import parse_metrics
+
+    # the lab's own names, as GET /metrics writes them (app/metrics_api.py), through the same parser
+    from app.metrics_api import ApiMetrics
+
+    lines = ApiMetrics().lines()
+    assert parse_metrics("\n".join(lines)) == {}  # the API's counters name no room quantity
+    vllm = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\nvllm:num_requests_running{model_name="m"} 3'
+    sglang = "sglang:token_usage 0.5\nsglang:num_queue_reqs 2\nsglang:cache_hit_rate 0.4"
+    llama = "llamacpp:kv_cache_usage_ratio 0.125\nllamacpp:requests_processing 1\nllamacpp:requests_deferred 0"
+    assert parse_metrics(vllm) == {"kv_usage": 0.25, "running": 3.0}
+    assert parse_metrics(sglang) == {"kv_usage": 0.5, "waiting": 2.0, "hit_rate": 0.4}
+    assert parse_metrics(llama) == {"kv_usage": 0.125, "running": 1.0, "waiting": 0.0}
+    hits = "vllm:prefix_cache_queries_total 200\nvllm:prefix_cache_hits_total 50"
+    assert parse_metrics(hits)["hit_rate"] == 0.25
