@@ -7,10 +7,11 @@ sees typed values. No command reads the engine's sequences: the LabSession metho
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine import SamplingParams
 
+from . import grammar_examples
 from .charts.common import token_label
 from .i18n import Phrase, Refusal, lang_of, t
 from .session import MAX_STOP_CHARS, MAX_VIEW_CHARS, cap_text, start_preemption_demo
@@ -98,6 +99,16 @@ class PreemptionDemo:
 @dataclass(frozen=True)
 class Reset:  # forget every request and step (with a tab's Context: a fresh session)
     pass
+
+
+@dataclass(frozen=True)
+class SchemaPair:
+    """The prefix-cache pitfall in one click: two requests whose system prompts start with the same JSON schema,
+    its keys in the same order (`shuffled` False) or not; the first is prefilled before the second arrives, so
+    the second's prefill finds whatever blocks the two share in the prefix cache. Both answer under the schema."""
+
+    params: SamplingParams
+    shuffled: bool = False
 
 
 @dataclass
@@ -208,8 +219,28 @@ def _preview(s, cmd: Preview, ctx: Context) -> Outcome:
     return Outcome(s, changed=s.focus is None)
 
 
+def _schema_pair(s, cmd: SchemaPair, ctx: Context) -> Outcome:
+    _live(s)
+    s.reset()  # a fresh pair: the tab's earlier requests are released (their prompts' blocks stay in the cache)
+    ex = grammar_examples
+    first, second = t("grammar.pair_prompt_a", ctx.lang), t("grammar.pair_prompt_b", ctx.lang)
+    schema_b = ex.PAIR_SHUFFLED if cmd.shuffled else ex.PAIR_SCHEMA
+    # the answers are short JSON objects: two requests' worth of KV must fit a visitor's share of the room's pool
+    params = replace(cmd.params, max_tokens=min(cmd.params.max_tokens, ex.PAIR_MAX_TOKENS))
+    a = s.add_request(first, params, True, ex.pair_system(ex.PAIR_SCHEMA))
+    s.step()  # a's prompt blocks are computed and registered in the prefix cache
+    b = s.add_request(second, params, True, ex.pair_system(schema_b))
+    s.focus = b
+    event = s.step()
+    ev = event.seq(b) if event is not None else None
+    cached = ev.num_cached_tokens if ev is not None else 0
+    key = "grammar.pair_shuffled" if cmd.shuffled else "grammar.pair_stable"
+    return Outcome(s, t(key, ctx.lang).format(a=a, b=b, n=cached, blocks=cached // s.engine.block_size),
+                   value=(a, b))
+
+
 _APPLY = {Step: _step, Add: _add, Force: _force, Rewind: _rewind, Branch: _branch, Focus: _focus,
-          WhatIf: _what_if, Preview: _preview}
+          WhatIf: _what_if, Preview: _preview, SchemaPair: _schema_pair}
 
 
 def _preemption_demo(ctx: Context) -> Outcome:
@@ -283,8 +314,11 @@ def number(name: str, value, integer: bool = False, optional: bool = False):
     return x
 
 
-def sampling_params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop) -> SamplingParams:
-    """SamplingParams from the sliders and boxes (SamplingParams itself checks the ranges)."""
+def sampling_params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
+                    grammar="") -> SamplingParams:
+    """SamplingParams from the sliders and boxes (SamplingParams itself checks the ranges); `grammar` is the
+    grammar box's text (app/grammar_examples.py)."""
+    grammar = grammar_examples.parse(grammar)  # checked (and capped) before anything else
     stop = cap_text("stop", stop, MAX_STOP_CHARS)
     stops = tuple(x for x in (stop or "").split(",") if x.strip()) if stop else ()
     stops = tuple(x.replace("\\n", "\n") for x in stops)
@@ -293,7 +327,7 @@ def sampling_params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max
     max_tokens = int(max_tokens) if max_tokens is not None and float(max_tokens).is_integer() else max_tokens
     return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                           min_p=min_p, repetition_penalty=rep, frequency_penalty=freq,
-                          presence_penalty=pres, seed=seed, stop=stops)
+                          presence_penalty=pres, seed=seed, stop=stops, grammar=grammar)
 
 
 def request(prompt, chat, system, *sampling) -> Request:
@@ -302,7 +336,8 @@ def request(prompt, chat, system, *sampling) -> Request:
 
 
 # the names lab.js sends a Step's control values under (protocol.STEP_INPUTS lists them for the page)
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "rep", "freq", "pres", "seed", "max_tokens", "stop")
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "rep", "freq", "pres", "seed", "max_tokens", "stop",
+                   "grammar")
 VIEW_FIELDS = ("lang", "layer", "head", "word", "npos", "visible")
 REQUEST_FIELDS = ("prompt", "chat", "system")
 
@@ -318,7 +353,7 @@ def socket_inputs(inputs: dict) -> dict:
             "rep": number("rep", get("rep")), "freq": number("freq", get("freq")), "pres": number("pres", get("pres")),
             "seed": number("seed", get("seed"), integer=True, optional=True),
             "max_tokens": number("max_tokens", get("max_tokens"), integer=True, optional=True),
-            "stop": str(get("stop") or ""), **view_inputs(inputs)}
+            "stop": str(get("stop") or ""), "grammar": str(get("grammar") or ""), **view_inputs(inputs)}
 
 
 def view_inputs(inputs: dict) -> dict:

@@ -39,12 +39,12 @@ class LabHandlers:
 
     # ---- the engine's controls ------------------------------------------------------------------------
     def step(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
-             lang, layer, head, word, npos, visible, request: gr.Request = None):
+             lang, layer, head, word, npos, visible, grammar="", request: gr.Request = None):
         try:
             view = View.parse(lang, layer, head, word, npos, visible)  # capped before any engine work
             s = self._session(request)
             request_ = cmd.request(prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed,
-                                   max_tokens, stop)
+                                   max_tokens, stop, grammar)
             with s.lock:  # the step and the render that shows it, with nothing in between
                 cmd.apply(s, cmd.Step(request_), self._context(lang, request))
                 return self.delivery.payload(s, view, *status_line(s, view.lang), op="step")
@@ -52,12 +52,12 @@ class LabHandlers:
             return self.delivery.error(exc, lang, op="step")
 
     def run(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
-            lang, layer, head, word, npos, visible, request: gr.Request = None):
+            lang, layer, head, word, npos, visible, grammar="", request: gr.Request = None):
         try:
             view = View.parse(lang, layer, head, word, npos, visible)
             s = self._session(request)
             request_ = cmd.request(prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed,
-                                   max_tokens, stop)
+                                   max_tokens, stop, grammar)
             out = cmd.apply(s, cmd.Run(request_), self._context(lang, request))
             for _ in out.steps:
                 yield self.delivery.payload(s, view, *status_line(s, view.lang))
@@ -71,10 +71,33 @@ class LabHandlers:
             pass
 
     def add(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
-            lang, layer, head, word, npos, visible, request: gr.Request = None):
+            lang, layer, head, word, npos, visible, grammar="", request: gr.Request = None):
         return self._apply(lambda: cmd.Add(cmd.request(prompt, chat, system, temperature, top_k, top_p, min_p, rep,
-                                                       freq, pres, seed, max_tokens, stop)),
+                                                       freq, pres, seed, max_tokens, stop, grammar)),
                            lang, layer, head, word, npos, visible, request)
+
+    def schema_pair(self, shuffled, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang,
+                    layer, head, word, npos, visible, request: gr.Request = None):
+        """The prefix-cache pitfall pair (cmd.SchemaPair): the sliders' chain under the pair's own schema."""
+        from .grammar_examples import PAIR_SCHEMA
+
+        def build():
+            schema = "json: " + json.dumps(PAIR_SCHEMA)
+            params = cmd.sampling_params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
+                                         schema)
+            return cmd.SchemaPair(params, bool(shuffled))
+        return self._apply(build, lang, layer, head, word, npos, visible, request)
+
+    # two explicit handlers (not functools.partial): Gradio injects `request` only into signatures it reads
+    def pair_stable(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, layer,
+                    head, word, npos, visible, request: gr.Request = None):
+        return self.schema_pair(False, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
+                                lang, layer, head, word, npos, visible, request)
+
+    def pair_shuffled(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, layer,
+                      head, word, npos, visible, request: gr.Request = None):
+        return self.schema_pair(True, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
+                                lang, layer, head, word, npos, visible, request)
 
     def reset(self, lang, visible="", request: gr.Request = None):
         try:
@@ -115,10 +138,11 @@ class LabHandlers:
             return self.delivery.error(exc, lang), gr.skip(), gr.skip()
 
     def what_if(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, visible="",
-                request: gr.Request = None):
+                grammar="", request: gr.Request = None):
         try:
             s = self._session(request)
-            params = cmd.sampling_params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
+            params = cmd.sampling_params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
+                                         grammar)
             out = cmd.apply(s, cmd.WhatIf(params), self._context(lang, request))
             if not out.changed:
                 return gr.skip()

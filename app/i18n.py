@@ -163,6 +163,7 @@ UI = {
     "room_reason_length": {"en": "max tokens reached", "ru": "достигнут лимит токенов"},
     "room_reason_stop": {"en": "stop string", "ru": "стоп-строка"},
     "room_reason_abort": {"en": "cancelled", "ru": "отменена"},
+    "room_reason_grammar": {"en": "grammar complete", "ru": "грамматика завершена"},
     # owners in the room: "tab 3", "api 1", "lecture" (app/room.py names them; the charts show them so)
     "room_owner.tab": {"en": "tab", "ru": "вкладка"},
     "room_owner.api": {"en": "api", "ru": "API"},
@@ -348,6 +349,7 @@ UI = {
     "seq_status.stop": {"en": "stop", "ru": "стоп-строка"},
     "seq_status.length": {"en": "length", "ru": "лимит длины"},
     "seq_status.abort": {"en": "abort", "ru": "прервана"},
+    "seq_status.grammar": {"en": "grammar complete", "ru": "грамматика завершена"},
     "refused_detail": {"en": "{detail}", "ru": "Значение не принято: {detail}"},
     # ---- refusals (app/i18n.py Refusal): the English text is also what logs and API clients read ----
     "empty_prompt": {"en": "prompt must not be empty", "ru": "Запрос не должен быть пустым."},
@@ -415,6 +417,41 @@ UI = {
     "name.word": {"en": "word", "ru": "слово для BPE"},
     "name.visible": {"en": "view state (the charts in view)", "ru": "состояние вида (графики на экране)"},
     "name.stop": {"en": "stop strings", "ru": "стоп-строки"},
+    "name.grammar": {"en": "grammar", "ru": "грамматика"},
+    # constrained decoding (issue 15): the grammar box, its examples and refusals
+    "grammar.box": {"en": "Grammar (constrained decoding)", "ru": "Грамматика (ограниченная генерация)"},
+    "grammar.label": {"en": "Grammar, «kind: text»: «json:» a JSON schema · «regex:» · «ebnf:» · «choice: a | b» "
+                            "(empty: none)",
+                      "ru": "Грамматика, «вид: текст»: «json:» JSON-схема · «regex:» · «ebnf:» · «choice: a | b» "
+                            "(пусто: без грамматики)"},
+    "grammar.ex.json": {"en": "answer as JSON «{name, age}»", "ru": "ответ в JSON «{name, age}»"},
+    "grammar.ex.date": {"en": "a date YYYY-MM-DD", "ru": "дата ГГГГ-ММ-ДД"},
+    "grammar.ex.yesno": {"en": "yes/no", "ru": "да/нет"},
+    # the examples' prompts (the grammar box's text is app/grammar_examples.py's, the same in both languages)
+    "grammar.prompt.json": {"en": "Invent a person. Answer as JSON with their name and age.",
+                            "ru": "Придумай человека. Ответь в JSON: имя и возраст."},
+    "grammar.prompt.date": {"en": "When did the first person land on the Moon? Answer with a date.",
+                            "ru": "Когда человек впервые высадился на Луну? Ответь датой."},
+    "grammar.prompt.yesno": {"en": "Is the sky blue? Answer yes or no.",
+                             "ru": "Небо голубое? Ответь по-английски: «yes» или «no»."},
+    "grammar.pair_prompt_a": {"en": "Invent a person.", "ru": "Придумай человека."},
+    "grammar.pair_prompt_b": {"en": "Invent another person.", "ru": "Придумай ещё одного человека."},
+    "grammar.pair_stable_btn": {"en": "prefix cache: schema keys stable", "ru": "префикс-кэш: ключи схемы по порядку"},
+    "grammar.pair_shuffled_btn": {"en": "prefix cache: schema keys shuffled",
+                                  "ru": "префикс-кэш: ключи схемы перемешаны"},
+    "grammar.pair_stable": {"en": "#{a} and #{b} send the same schema, keys in the same order: #{b} found {n} prompt "
+                                  "tokens ({blocks} KV blocks) in the prefix cache. Look at the KV panel.",
+                            "ru": "#{a} и #{b} отправляют одну схему с ключами в том же порядке: #{b} нашёл в "
+                                  "префикс-кэше {n} токенов запроса ({blocks} KV-блоков). Смотрите панель KV."},
+    "grammar.pair_shuffled": {"en": "#{a} and #{b} send the same schema, keys shuffled: #{b} found {n} prompt tokens "
+                                    "({blocks} KV blocks) in the prefix cache. Same meaning, different tokens.",
+                              "ru": "#{a} и #{b} отправляют одну схему, но ключи перемешаны: #{b} нашёл в "
+                                    "префикс-кэше {n} токенов ({blocks} KV-блоков). Смысл тот же, токены другие."},
+    "grammar.type": {"en": "the grammar must be text", "ru": "Грамматика должна быть текстом."},
+    "grammar.kind": {"en": "the grammar box must start with «json:», «regex:», «ebnf:» or «choice:» (got «{got}»)",
+                     "ru": "Поле грамматики должно начинаться с «json:», «regex:», «ebnf:» или «choice:» "
+                           "(получено «{got}»)"},
+    "grammar.bad": {"en": "{detail}", "ru": "Грамматика не принята: {detail}"},
     "name.temperature": {"en": "temperature", "ru": "температура"},
     "name.top_k": {"en": "top_k", "ru": "top-k"},
     "name.top_p": {"en": "top_p", "ru": "top-p"},
@@ -872,6 +909,8 @@ UI = {
     "logits.would": {"en": "the draw would have sampled {tok}: rank {rank}, p = {p:.3f}",
                      "ru": "розыгрыш выбрал бы {tok}: ранг {rank}, p = {p:.3f}"},
     "logits.key_forced": {"en": "forced (emitted)", "ru": "навязан (выдан)"},
+    "logits.key_masked": {"en": " · ⊘ masked by the grammar", "ru": " · ⊘ отсечён грамматикой"},
+    "logits.key_masked_legend": {"en": "⊘ masked by the grammar", "ru": "⊘ отсечён грамматикой"},
     "logits.key_would": {"en": "would have sampled", "ru": "выбрал бы розыгрыш"},
     "logits.key_sampled": {"en": "sampled", "ru": "выбран"},
     "logits.logit": {"en": "Logit (raw)", "ru": "Логит (сырой)"},
@@ -897,10 +936,17 @@ UI = {
     # app/charts/sampling.py
     "sampling.chain": {"en": "Sampling chain", "ru": "Цепочка сэмплирования"},
     # the chain's stages, named like engine/sampling.py's (the names stay the trace's own)
-    "sampling.stage_names": {"en": {"logits": "logits", "penalties": "penalties", "temperature": "temperature",
-                                    "min_p": "min_p", "top_k": "top_k", "top_p": "top_p"},
-                             "ru": {"logits": "логиты", "penalties": "штрафы", "temperature": "температура",
-                                    "min_p": "min-p", "top_k": "top-k", "top_p": "top-p"}},
+    "sampling.stage_names": {"en": {"logits": "logits", "grammar": "grammar", "penalties": "penalties",
+                                    "temperature": "temperature", "min_p": "min_p", "top_k": "top_k", "top_p": "top_p"},
+                             "ru": {"logits": "логиты", "grammar": "грамматика", "penalties": "штрафы",
+                                    "temperature": "температура", "min_p": "min-p", "top_k": "top-k", "top_p": "top-p"}},
+    # constrained decoding (issue 15): the grammar stage's line under the chain's title, the CDF's note
+    "sampling.grammar_line": {"en": "grammar: {allowed:,} of {vocab:,} tokens allowed · {masked} of the {n} shown "
+                                    "masked · −{mass:.1%} of the mass · mask {ms:.2f} ms",
+                              "ru": "грамматика: разрешено {allowed:,} из {vocab:,} токенов · {masked} из {n} "
+                                    "показанных отсечены · −{mass:.1%} массы · маска {ms:.2f} мс"},
+    "sampling.cdf_masked": {"en": "masked by the grammar, not in the draw: {n} of the top tokens ({names})",
+                            "ru": "отсечены грамматикой и не участвуют в выборе: {n} из топ-токенов ({names})"},
     "sampling.logit": {"en": "logit", "ru": "логит"},
     "sampling.slice": {"en": "slice", "ru": "отрезок"},
     "sampling.chain_title": {"en": "Sampling chain → «{tok}» (p = {p:.3f}, raw rank {rank})",
@@ -1161,6 +1207,10 @@ UI = {
     "timeline.tok": {"en": "tok", "ru": "ток."},
     "timeline.seq": {"en": "seq", "ru": "посл."},
     "timeline.forward": {"en": "forward", "ru": "прямой проход"},
+    "timeline.grammar_ms": {"en": "grammar masks {ms:.2f} ms (forward {fwd:.1f} ms)",
+                            "ru": "маски грамматики {ms:.2f} мс (прямой проход {fwd:.1f} мс)"},
+    "timeline.grammar_ms_hover": {"en": "grammar masks %{y:.2f} ms", "ru": "маски грамматики %{y:.2f} мс"},
+    "timeline.grammar_key": {"en": "grammar masks", "ru": "маски грамматики"},
     "timeline.sample": {"en": "sample", "ru": "сэмплирование"},
     "timeline.schedule": {"en": "schedule", "ru": "планирование"},
     "timeline.preempted": {"en": "preempted", "ru": "вытеснены"},
@@ -1264,6 +1314,10 @@ UI = {
     "pipeline.none": {"en": "no step yet: enter a prompt and press Step",
                       "ru": "шагов ещё не было: введите запрос и нажмите «Шаг»"},
     "pipeline.step": {"en": "step", "ru": "шаг"},
+    "pipeline.grammar_dominates": {"en": "building the grammar masks took {ms:.1f} ms, more than the model's forward "
+                                         "({fwd:.1f} ms)",
+                                   "ru": "построение масок грамматики заняло {ms:.1f} мс — больше, чем прямой "
+                                         "проход модели ({fwd:.1f} мс)"},
     "pipeline.idle": {"en": "idle (nothing scheduled)", "ru": "простой (нечего планировать)"},
     "pipeline.prefill": {"en": "prefill {n} tok", "ru": "префилл {n} ток."},
     "pipeline.decode": {"en": "decode {n} seqs", "ru": "декод {n} посл."},
@@ -1279,8 +1333,10 @@ UI = {
     "stream.held": {"en": "held back by the detokenizer: a possible stop-string prefix or an incomplete UTF-8 "
                           "character",
                     "ru": "придержано детокенизатором: возможное начало стоп-строки или неполный символ UTF-8"},
-    "stream.finish": {"en": {"eos": "eos", "stop": "stop", "length": "length", "abort": "abort"},
-                      "ru": {"eos": "eos", "stop": "стоп", "length": "длина", "abort": "прервано"}},
+    "stream.finish": {"en": {"eos": "eos", "stop": "stop", "length": "length", "abort": "abort",
+                             "grammar": "grammar complete"},
+                      "ru": {"eos": "eos", "stop": "стоп", "length": "длина", "abort": "прервано",
+                             "grammar": "грамматика завершена"}},
     "stream.finish_title": {"en": "finished: {r}", "ru": "завершено: {r}"},
     # app/panels/tokens.py
     "tokens.template_empty": {"en": "Enter a prompt to see the text the model reads",

@@ -53,7 +53,8 @@ STEP_CONTROLS = {
     "temperature": ("temperature", "slider"), "top_k": ("top_k", "slider"), "top_p": ("top_p", "slider"),
     "min_p": ("min_p", "slider"), "rep": ("repetition_penalty", "slider"),
     "freq": ("frequency_penalty", "slider"), "pres": ("presence_penalty", "slider"), "seed": ("seed", "text"),
-    "max_tokens": ("max_tokens", "text"), "stop": ("stop", "text"), "lang": ("lang", "radio"),
+    "max_tokens": ("max_tokens", "text"), "stop": ("stop", "text"), "grammar": ("grammar", "text"),
+    "lang": ("lang", "radio"),
     "layer": ("layer", "slider"), "head": ("head", "slider"), "word": ("bpe_word", "text"),
     "npos": ("neighbour_pos", "text"),
 }

@@ -17,8 +17,8 @@ import gradio as gr
 from . import calculators as calc
 from . import render
 from .handlers import LabHandlers
-from . import formats_tool
-from .i18n import EXAMPLES, PANEL_KEYS, t
+from . import formats_tool, grammar_examples
+from .i18n import EXAMPLES, PANEL_KEYS, lang_of, t
 from .live import Hub, Lecture
 from .protocol import IDS
 from .session import SessionRegistry, request_key as _key
@@ -184,6 +184,22 @@ def _sampling_controls(c) -> None:
         c.seed = gr.Number(value=0, precision=0, label=t("seed", "en"), elem_id="seed")
         c.max_tokens = gr.Number(value=64, precision=0, label=t("max_tokens", "en"), elem_id="max_tokens")
     c.stop = gr.Textbox(value="", label=t("stop", "en"), elem_id="stop")
+    _grammar_controls(c)
+
+
+def _grammar_controls(c) -> None:
+    """Constrained decoding (issue 15): the grammar box (app/grammar_examples.py), an example per click, and the
+    prefix-cache pitfall pair."""
+    with gr.Accordion(t("grammar.box", "en"), open=False, elem_id="grammar-box") as c.grammar_acc:
+        c.grammar = gr.Textbox(value="", label=t("grammar.label", "en"), lines=2, elem_id="grammar",
+                               max_length=grammar_examples.MAX_BOX_CHARS)
+        with gr.Row():
+            c.grammar_ex = {name: gr.Button(t(f"grammar.ex.{name}", "en"), elem_id=f"grammar_ex_{name}", size="sm")
+                            for name in grammar_examples.EXAMPLES}
+        with gr.Row():
+            c.pair_stable = gr.Button(t("grammar.pair_stable_btn", "en"), elem_id="grammar_pair_stable", size="sm")
+            c.pair_shuffled = gr.Button(t("grammar.pair_shuffled_btn", "en"), elem_id="grammar_pair_shuffled",
+                                        size="sm")
 
 
 def _sequence_controls(c) -> None:
@@ -295,7 +311,7 @@ def _hidden(c) -> None:
 
 # ---- events --------------------------------------------------------------------------------------------
 def _wire_engine(c, h: LabHandlers) -> None:
-    full = [c.prompt, c.chat, c.system, *c.sampling, *c.view]
+    full = [c.prompt, c.chat, c.system, *c.sampling, *c.view, c.grammar]  # the grammar last: an optional argument
     c.payload.change(None, [c.payload], None, js=RENDER_JS)
     # every click is one step: the payload arrives over the websocket before Gradio finishes the event, so the
     # default trigger_mode ("once") would drop a quick second click. The sequence selector rides in the payload.
@@ -314,11 +330,22 @@ def _wire_engine(c, h: LabHandlers) -> None:
                    show_progress="hidden")
     c.reset_btn.click(h.reset, [c.lang, c.visible], c.payload, cancels=[run_ev])
     for slider in (c.temperature, c.top_k, c.top_p, c.min_p, c.rep, c.freq, c.pres):
-        slider.change(h.what_if, [*c.sampling, c.lang, c.visible], c.payload, trigger_mode="always_last",
+        slider.change(h.what_if, [*c.sampling, c.lang, c.visible, c.grammar], c.payload, trigger_mode="always_last",
                       show_progress="hidden")
     c.focus_go.click(h.focus, [c.focus_pick, *c.view], c.payload, show_progress="hidden")
     c.force_btn.click(h.force, [c.force_id, *c.view], c.payload, show_progress="hidden")
     c.rewind_btn.click(h.rewind, [c.rewind_n, c.branch, *c.view], c.payload, show_progress="hidden")
+    for name, btn in c.grammar_ex.items():  # one click: the example's prompt (in the page's language) and grammar
+        btn.click(_example_filler(name), c.lang, [c.prompt, c.grammar],
+                  show_progress="hidden")
+    c.pair_stable.click(h.pair_stable, [*c.sampling, *c.view], c.payload, show_progress="hidden")
+    c.pair_shuffled.click(h.pair_shuffled, [*c.sampling, *c.view], c.payload, show_progress="hidden")
+
+
+def _example_filler(name: str):
+    def fill(lang):
+        return t(f"grammar.prompt.{name}", lang_of(lang)), grammar_examples.EXAMPLES[name]
+    return fill
 
 
 def _wire_view(c, h: LabHandlers) -> None:
@@ -343,7 +370,7 @@ def _wire_lecture(c, h: LabHandlers) -> None:
 
 
 def _wire_tools(c, tools: ToolHandlers) -> None:
-    tour_inputs = [*c.sampling, *c.view]
+    tour_inputs = [*c.sampling, *c.view, c.grammar]
     for btn, fn in ((c.tour_start, tools.tour_start), (c.tour_next, tools.tour_next),
                     (c.tour_back, tools.tour_back)):
         btn.click(fn, tour_inputs, [c.payload, c.tour_box], show_progress="hidden")
@@ -392,7 +419,10 @@ def _wire_language(c, h: LabHandlers, tools: ToolHandlers) -> None:
               (c.trace_acc, "label", "trace_box"), (c.trace_export, "value", "trace_export"),
               (c.trace_load, "label", "trace_load"),
               (c.export_fmt, "label", "format"), (c.export_btn, "value", "export_btn"),
-              (c.download, "label", "download")]
+              (c.download, "label", "download"), (c.grammar_acc, "label", "grammar.box"),
+              (c.grammar, "label", "grammar.label"), (c.pair_stable, "value", "grammar.pair_stable_btn"),
+              (c.pair_shuffled, "value", "grammar.pair_shuffled_btn")]
+    keyed += [(btn, "value", f"grammar.ex.{name}") for name, btn in c.grammar_ex.items()]
 
     def relabel(lang):
         return ([gr.update(**{attr: t(key, lang)}) for _, attr, key in keyed]

@@ -263,22 +263,22 @@ class ToolHandlers:
     # ---- guided tour ------------------------------------------------------------------------------
     # three explicit handlers (not functools.partial): Gradio injects `request` only into signatures it reads
     def tour_start(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, layer,
-                   head, word, npos, visible, request: gr.Request = None):
+                   head, word, npos, visible, grammar="", request: gr.Request = None):
         return self.tour_step(0, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang,
-                              layer, head, word, npos, visible, request)
+                              layer, head, word, npos, visible, grammar, request)
 
     def tour_next(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, layer,
-                  head, word, npos, visible, request: gr.Request = None):
+                  head, word, npos, visible, grammar="", request: gr.Request = None):
         return self.tour_step(1, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang,
-                              layer, head, word, npos, visible, request)
+                              layer, head, word, npos, visible, grammar, request)
 
     def tour_back(self, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang, layer,
-                  head, word, npos, visible, request: gr.Request = None):
+                  head, word, npos, visible, grammar="", request: gr.Request = None):
         return self.tour_step(-1, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop, lang,
-                              layer, head, word, npos, visible, request)
+                              layer, head, word, npos, visible, grammar, request)
 
     def tour_step(self, delta, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
-                  lang, layer, head, word, npos, visible, request: gr.Request = None):
+                  lang, layer, head, word, npos, visible, grammar="", request: gr.Request = None):
         """delta +1: perform the next step's action and show it; -1: show the previous step again (no undo);
         0: restart the tour."""
         try:
@@ -291,7 +291,8 @@ class ToolHandlers:
             step = self.tour[new]
             note = None
             if delta >= 0 and (delta == 0 or new != tab.tour_pos):
-                params = sampling_params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop)
+                params = sampling_params(temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
+                                         grammar)
                 note = run_action(step, s, params)
             tab.tour_pos, tab.tour_note = new, note
             # lab.js scrolls to the panel and outlines it (once per click: "at"); lecture viewers follow along

@@ -10,13 +10,14 @@ a step that fails raises StepFailed after undoing itself.
 from .checks import ArgumentTypeError, StepFailed
 from .engine import Engine, GenerationResult
 from .events import CaptureData, SeqEvent, StepEvent
+from .grammar import Grammar
 from .loader import ModelLoadError
 from .model import Capture
 from .sampling import GREEDY_TEMPERATURE, MAX_STOP_CHARS, MAX_STOP_STRINGS, SamplingParams, sampling_probs
 from .speculative import SpeculativeConfig
 from .tokenizer import MAX_BPE_CHARS, MAX_PROMPT_CHARS, MAX_SYSTEM_CHARS
 
-__all__ = ["Engine", "GenerationResult", "SamplingParams", "sampling_probs", "SpeculativeConfig", "StepEvent",
+__all__ = ["Engine", "GenerationResult", "SamplingParams", "Grammar", "sampling_probs", "SpeculativeConfig", "StepEvent",
            "SeqEvent", "CaptureData", "Capture", "ModelLoadError", "StepFailed", "ArgumentTypeError",
            "GREEDY_TEMPERATURE", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "MAX_PROMPT_CHARS", "MAX_SYSTEM_CHARS",
            "MAX_BPE_CHARS"]

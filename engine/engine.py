@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from . import compute, kernels, metrics
+from . import grammar as grammar_mod
 from . import speculative as spec_mod
 from .checks import StepFailed, as_bool, as_instance, as_int, as_text, as_token_ids, type_error, value_error
 from .events import CaptureData, LogitStats, SeqEvent, StepEvent
@@ -167,6 +168,12 @@ class Engine:
         self._draft_models: dict = {}  # draft source -> (LoadedModel, Model); shared with sessions
         self._drafters: dict = {}  # drafters shared by this engine's requests (a draft model's owns a KV pool)
         self._settings = settings
+        # Constrained decoding (engine/grammar.py): each constrained sequence's matcher, kept at the end of its
+        # output by `_grammar_at`; the mask of its last traced draw, for what_if (keyed by that draw's cache, so
+        # an undone step's mask is never used); the masks' build time within the running step.
+        self._grammars: dict[int, grammar_mod.GrammarMatcher] = {}
+        self._last_masks: dict[int, tuple] = {}
+        self._mask_s = 0.0
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
@@ -258,6 +265,8 @@ class Engine:
             as_text("system", system, MAX_SYSTEM_CHARS, optional=True)  # unused with prompt_ids, still checked
             prompt_ids = as_token_ids("prompt_ids", prompt_ids, self.spec.vocab_size, self.max_model_len - 1)
         self._check_fits(len(prompt_ids), params)
+        if params.grammar is not None:
+            self._compile(params.grammar)  # refused now if it cannot work with this tokenizer (then cached)
         drafter = None
         if speculative is not None:
             drafter = spec_mod.make_drafter(self, speculative)  # model-dependent checks: exit layer, tokenizer
@@ -288,13 +297,31 @@ class Engine:
         self._next_id += 1
         return self._next_id - 1
 
-    def _start(self, seq: Sequence) -> None:
+    def _start(self, seq: Sequence, matcher: grammar_mod.GrammarMatcher | None = None) -> None:
         seed = seq.params.seed if seq.params.seed is not None else random.randrange(2**63)
         seq.generator = torch.Generator().manual_seed(seed)
         seq.detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, stop=seq.params.stop)
         for t in seq.output_ids:  # a branch replays the tokens it inherits
             seq.detok.push(t)
+        if seq.params.grammar is not None:
+            self._grammars[seq.seq_id] = matcher or self._compile(seq.params.grammar)
         self.sequences[seq.seq_id] = seq
+
+    # ---- constrained decoding ---------------------------------------------------------------------
+    def _compile(self, grammar) -> grammar_mod.GrammarMatcher:
+        return grammar_mod.compile_grammar(grammar, self.tokenizer, self.spec.vocab_size, self.eos_ids)
+
+    def _grammar_at(self, seq: Sequence, tokens: list[int] | None = None) -> grammar_mod.GrammarMatcher | None:
+        """The sequence's matcher, moved to the end of `tokens` (default: its output); None if unconstrained."""
+        gm = self._grammars.get(seq.seq_id)
+        if gm is not None:
+            gm.sync(seq.output_ids if tokens is None else tokens)
+        return gm
+
+    def _grammar_mask(self, gm: grammar_mod.GrammarMatcher) -> torch.Tensor:
+        mask = gm.allowed()
+        self._mask_s += gm.mask_seconds
+        return mask
 
     @contextlib.contextmanager
     def _writing(self):
@@ -342,6 +369,11 @@ class Engine:
         with self._writing():  # a running step keeps its own draw; the token is forced from the next one
             if seq.status is Status.FINISHED:
                 raise ValueError(f"sequence {seq_id} has finished; rewind or branch it first")
+            gm = self._grammar_at(seq)
+            if gm is not None and not gm.allows(token_id):
+                raise ValueError(f"token {token_id} ({self.token_text(token_id)!r}) is not allowed by sequence "
+                                 f"{seq_id}'s grammar ({gm.grammar.describe(40)}) at this point; force a token the "
+                                 f"grammar allows")
             seq.forced_token = token_id
 
     @compute.routed
@@ -366,6 +398,7 @@ class Engine:
             if seq.spec is not None:
                 seq.spec.drafter.forget(seq_id, keep_tokens=seq.num_tokens - 1)
                 seq.spec_k = self._spec_k(seq)
+            self._grammar_at(seq)  # rolled back with the output
 
     @compute.routed
     def branch(self, seq_id: int, num_output_tokens: int, params: SamplingParams | None = None) -> int:
@@ -377,6 +410,7 @@ class Engine:
             params.validate()
             # as for add_request: a branch the pool can never hold would wait forever
             self._check_fits(len(parent.prompt_ids), params)
+            matcher = self._branch_matcher(parent, params, num_output_tokens)
             child = Sequence(self._new_id(), list(parent.prompt_ids), params, arrival=self.clock,
                              output_ids=parent.output_ids[:num_output_tokens], prompt_text=parent.prompt_text,
                              parent_id=seq_id, owner=parent.owner)
@@ -384,7 +418,7 @@ class Engine:
                 cfg = parent.spec.config
                 child.spec = SpecState(cfg, parent.spec.drafter, k=cfg.num_tokens)
                 child.spec_k = self._spec_k(child)
-            self._start(child)
+            self._start(child, matcher)
             if parent.status is Status.RUNNING and parent.seq_id in self.blocks.block_tables:
                 child.num_computed = min(parent.num_computed, child.num_tokens - 1)
                 self.blocks.fork(parent.seq_id, child.seq_id, child.num_computed)
@@ -393,6 +427,16 @@ class Engine:
             else:
                 self.scheduler.add(child)
             return child.seq_id
+
+    def _branch_matcher(self, parent: Sequence, params: SamplingParams, n: int) -> grammar_mod.GrammarMatcher | None:
+        """The branch's matcher at the end of the n outputs it inherits: a copy of the parent's under the same
+        grammar, a new one otherwise; ValueError (nothing changed) if its grammar does not allow those outputs."""
+        if params.grammar is None:
+            return None
+        same = self._grammars.get(parent.seq_id)
+        gm = same.fork() if same is not None and same.grammar == params.grammar else self._compile(params.grammar)
+        gm.sync(parent.output_ids[:n])
+        return gm
 
     def _check_position(self, seq: Sequence, n: int) -> int:
         """num_output_tokens: a position in the sequence's output, 0 (keep none) .. all of it."""
@@ -453,7 +497,17 @@ class Engine:
                 raise ValueError(f"max_tokens must be above the {len(seq.output_ids)} tokens sequence {seq_id} has "
                                  f"already generated (got {params.max_tokens})")
             self._check_fits(len(seq.prompt_ids), params)
+            matcher = None
+            if params.grammar is not None and params.grammar != seq.params.grammar:
+                matcher = self._compile(params.grammar)
+                matcher.sync(seq.output_ids)  # the output so far must fit the new grammar
             old, seq.params = seq.params, params
+            if params.grammar != old.grammar:
+                self._grammars.pop(seq_id, None)
+                if matcher is not None:
+                    self._grammars[seq_id] = matcher
+                if matcher is not None and seq.forced_token is not None and not matcher.allows(seq.forced_token):
+                    seq.forced_token = None  # forced under the old grammar, forbidden by the new one
             if params.seed is not None and params.seed != old.seed:
                 seq.generator.manual_seed(params.seed)
             if params.stop != old.stop:
@@ -474,6 +528,8 @@ class Engine:
                 if seq.status is not Status.FINISHED:
                     self._finish(seq, "abort")
                 del self.sequences[sid]
+                self._grammars.pop(sid, None)
+                self._last_masks.pop(sid, None)
 
     @compute.routed
     def what_if(self, seq_id: int, params: SamplingParams, top_n: int = 20) -> SamplingTrace:
@@ -491,8 +547,13 @@ class Engine:
         if cached is None:
             raise ValueError(f"sequence {seq_id} has not sampled a token in a traced step yet")
         logits, prompt_ids, output_ids, u = cached
-        trace = trace_chain(logits, params, prompt_ids, output_ids, u, top_n=top_n)
+        # the step's own mask: a slider changes the chain after it, never what the grammar allowed
+        mask_of = self._last_masks.get(seq.seq_id)
+        step = mask_of[2] if mask_of is not None and mask_of[0] is cached else None
+        trace = trace_chain(logits, params, prompt_ids, output_ids, u, top_n=top_n,
+                            mask=None if step is None else mask_of[1])
         trace.token_texts = [self.token_text(t) for t in trace.token_ids]
+        trace.grammar = step
         return trace
 
     def last_logits(self, seq_id: int) -> torch.Tensor:
@@ -594,6 +655,7 @@ class Engine:
     # hands the next; the timestamps taken here between phases are the event's timing.
     def _step(self, trace: bool, capture: Capture | None, owners: frozenset | None = None) -> StepEvent:
         w = _StepWork(trace=trace, capture=capture, t0=time.perf_counter())
+        self._mask_s = 0.0
         self._schedule(w, owners)
         w.t_sched = time.perf_counter()
         # speculative sequences draft first: their drafts ride along in this step's one forward
@@ -709,19 +771,29 @@ class Engine:
                                                draft_ms=(w.t_draft - w.t_sched) * 1e3,
                                                forward_ms=(w.t_sample - w.t_forward) * 1e3,
                                                sample_ms=(w.t_end - w.t_sample) * 1e3,
-                                               step_ms=step_s * 1e3, engine_clock_s=self.clock))
+                                               step_ms=step_s * 1e3, engine_clock_s=self.clock,
+                                               grammar_ms=self._mask_s * 1e3))
         self.step_index += 1
         return event
 
     def _sample(self, seq: Sequence, logits: torch.Tensor, ev: SeqEvent, trace: bool) -> str | None:
         """Draw the next token through the sampling chain; returns the finish reason if this token ends it."""
         prompt_ids, output_ids = seq.prompt_ids, list(seq.output_ids)
-        token, tr = sample(logits, seq.params, prompt_ids, output_ids, seq.generator, trace=trace)
+        gm = self._grammar_at(seq)
+        mask = None if gm is None else self._grammar_mask(gm)
+        token, tr = sample(logits, seq.params, prompt_ids, output_ids, seq.generator, trace=trace, mask=mask)
         if tr is not None:
             tr.token_texts = [self.token_text(t) for t in tr.token_ids]
             seq.last_sampling = (logits.clone(), prompt_ids, output_ids, tr.u)
             ev.sampling = tr
+            if gm is not None:
+                tr.grammar = grammar_mod.GrammarStep(
+                    kind=gm.grammar.kind, description=gm.grammar.describe(), allowed=int(mask.sum()),
+                    mask_ms=gm.mask_seconds * 1e3, accepting=gm.accepting)
+                self._last_masks[seq.seq_id] = (seq.last_sampling, mask, tr.grammar)
         if seq.forced_token is not None:
+            if mask is not None and not bool(mask[seq.forced_token]):  # force_token checked it; kept honest here
+                raise ValueError(f"forced token {seq.forced_token} is not allowed by the grammar here")
             token, ev.forced, seq.forced_token = seq.forced_token, True, None
         ev.new_token, ev.new_token_text = token, self.token_text(token)
         if tr is not None:  # the model's own log-probability of the token kept (perplexity)
@@ -731,6 +803,7 @@ class Engine:
     def _emit(self, seq: Sequence, token: int, ev: SeqEvent) -> str | None:
         """Append one generated token and feed the detokenizer; returns why the sequence ends here, if it does."""
         seq.output_ids.append(token)
+        gm = self._grammar_at(seq)  # the token was drawn under the mask (or checked when forced): it fits
         step = seq.detok.push(token)
         ev.detok = step
         ev.emitted += step.emitted
@@ -739,6 +812,9 @@ class Engine:
             return "eos"
         if step.stop is not None:
             return "stop"
+        if gm is not None and gm.done:  # a complete match that nothing may extend: no step for EOS
+            ev.emitted += seq.detok.finish()
+            return "grammar"
         if len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
             ev.emitted += seq.detok.finish()
             return "length"
@@ -784,8 +860,12 @@ class Engine:
         num_before = seq.num_tokens
 
         def p_row(i: int) -> torch.Tensor:
-            # the target's distribution at draft position i, penalised as if drafts 1..i had been accepted
-            return sampling_probs(logits[i], params, prompt, before + draft.tokens[:i])
+            # the target's distribution at draft position i, penalised (and masked by the grammar) as if drafts
+            # 1..i had been accepted: they were, or the walk would have stopped before asking for row i. A draft
+            # the grammar forbids has p = 0 there and is rejected; the residual and the bonus are masked too.
+            gm = self._grammar_at(seq, before + draft.tokens[:i])
+            mask = None if gm is None else self._grammar_mask(gm)
+            return sampling_probs(logits[i], params, prompt, before + draft.tokens[:i], mask=mask)
 
         v = spec_mod.verify(draft.tokens, draft.q, p_row, seq.generator)
         reason, kept, detok = None, 0, []

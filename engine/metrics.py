@@ -29,6 +29,7 @@ class StepTiming(Record):
     sample_ms: float  # sampling or verifying, and settling the KV blocks
     step_ms: float
     engine_clock_s: float  # the sum of every step's duration so far: TTFT and ITL are read on this clock
+    grammar_ms: float = 0.0  # building grammar masks (engine/grammar.py), every sequence's; a part of sample_ms
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The sampling chain: penalties -> temperature -> min_p -> top_k -> top_p -> inverse-CDF draw.
+"""The sampling chain: [grammar mask ->] penalties -> temperature -> min_p -> top_k -> top_p -> inverse-CDF draw.
 
 Every stage works on a float32 1-D tensor of vocabulary logits. A removed token gets logit -inf and
 the survivors are renormalised (softmax over them) after each cut.
@@ -12,6 +12,14 @@ Representation: between stages the chain keeps a `_State`, either the full vocab
 removed tokens are -inf) or, once a stage has cut, only the survivors (`idx` = their ids in ascending
 order, `vals` = their logits). Working on survivors makes top_k/top_p/draw cheap after a cut, and
 ascending ids let a stable sort break probability ties by the lower id, as the draw order requires.
+
+A grammar (SamplingParams.grammar, engine/grammar.py) reaches the chain as a `mask` of the tokens it allows,
+which the caller (the engine, from the sequence's matcher) computes; the chain only applies it. It comes first,
+right after the raw logits, as in vLLM: min_p, top_k and top_p are cuts *relative to the distribution they see*,
+so masking after them could leave no token (top_k keeps 5 tokens the grammar forbids) or keep a tail the user
+never asked for; masked first, every cut picks among tokens the grammar allows. Penalties commute with the mask
+(they never lift a -inf logit), so putting the mask before them changes nothing but the picture. The "grammar"
+stage is recorded only for a masked chain: traces of unconstrained requests keep the stages they always had.
 """
 from __future__ import annotations
 
@@ -24,9 +32,12 @@ import numpy as np
 import torch
 
 from .checks import as_int, check_unicode, type_error, value_error
+from .grammar import Grammar, GrammarStep
 from .records import build
 
 STAGE_NAMES = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
+GRAMMAR_STAGE = "grammar"  # recorded after "logits" when the chain is masked
+GRAMMAR_EXTRA_TRACKED = 5  # a masked trace also follows the grammar's own top tokens (the top N may all be cut)
 
 _NEG_INF = float("-inf")
 _F32_MAX = float(torch.finfo(torch.float32).max)
@@ -91,6 +102,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    grammar: Grammar | None = None  # the output must match it (engine/grammar.py); None = unconstrained
 
     def __post_init__(self) -> None:
         # Normalise the types people naturally pass (numpy scalars, ints for floats, a single stop
@@ -112,6 +124,8 @@ class SamplingParams:
             self.stop = (self.stop,)
         elif isinstance(self.stop, (list, tuple)) and len(self.stop) <= MAX_STOP_STRINGS:
             self.stop = tuple(self.stop)
+        if isinstance(self.grammar, dict):  # from_dict / JSON: {"kind": ..., "source": ...}
+            self.grammar = Grammar.from_dict(self.grammar)
         self.validate()
 
     @property
@@ -147,6 +161,8 @@ class SamplingParams:
         self._validate_stop()
         if not isinstance(self.ignore_eos, bool):
             raise type_error("ignore_eos", "a bool", self.ignore_eos)
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise type_error("grammar", "a Grammar (Grammar.json_schema/.regex/.ebnf/.choice) or None", self.grammar)
 
     def _validate_stop(self) -> None:
         # the forms __post_init__ accepts are accepted here too (for a field set after construction)
@@ -182,6 +198,7 @@ class SamplingParams:
             "seed": self.seed,
             "stop": list(self.stop),
             "ignore_eos": self.ignore_eos,
+            "grammar": None if self.grammar is None else self.grammar.to_dict(),
         }
 
     @classmethod
@@ -254,6 +271,7 @@ class SamplingTrace:
     params: dict
     cdf: list[tuple[int, float]]  # (token_id, cumulative prob) in draw order, tracked survivors
     vocab_size: int = 0
+    grammar: GrammarStep | None = None  # a masked chain: what the grammar allowed and the mask's cost (the engine fills it)
 
     def to_dict(self) -> dict:
         return {
@@ -268,6 +286,7 @@ class SamplingTrace:
             "params": dict(self.params),
             "cdf": [[int(t), _json_float(c) or 0.0] for t, c in self.cdf],
             "vocab_size": int(self.vocab_size),
+            "grammar": None if self.grammar is None else self.grammar.to_dict(),
         }
 
     @classmethod
@@ -283,20 +302,34 @@ class SamplingTrace:
 class _State:
     """Logits after some stage: full vocabulary (idx None) or the survivors only."""
 
-    __slots__ = ("idx", "vals", "sorted")
+    __slots__ = ("idx", "vals", "sorted", "exact")
 
-    def __init__(self, idx: torch.Tensor | None, vals: torch.Tensor, sorted_: bool = False):
+    def __init__(self, idx: torch.Tensor | None, vals: torch.Tensor, sorted_: bool = False, exact: bool = False):
         self.idx = idx
         self.vals = vals
         # True when vals are already in draw order (logit desc, ties by ascending id).
         self.sorted = sorted_
+        # A masked chain normalises in float64 (`_softmax`).
+        self.exact = exact
 
     def select(self, mask: torch.Tensor) -> "_State":
         if self.idx is None:
             idx = mask.nonzero().squeeze(1)
         else:
             idx = self.idx[mask]
-        return _State(idx, self.vals[mask], self.sorted)
+        return _State(idx, self.vals[mask], self.sorted, self.exact)
+
+    def softmax(self) -> torch.Tensor:
+        """The renormalised probabilities of the state's tokens (float32).
+
+        torch's float32 softmax sums ~49k exponentials in float32 and its results drift by up to ~1e-5 relative
+        (measured on SmolLM2's logits). A masked chain's distribution must equal the unmasked one restricted and
+        renormalised to 1e-6, so it sums in float64; the unmasked chain keeps torch's softmax, bit for bit as it
+        always drew."""
+        if not self.exact:
+            return torch.softmax(self.vals, 0)
+        e = torch.exp((self.vals - self.vals.max()).double())
+        return (e / e.sum()).float()
 
     def ids(self, positions: torch.Tensor) -> torch.Tensor:
         return positions if self.idx is None else self.idx[positions]
@@ -407,8 +440,10 @@ def _scale(x: torch.Tensor, t: float) -> torch.Tensor:
     return y
 
 
-def _run_chain(x: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int], record=None) -> _State:
-    """Apply the chain to raw logits `x`; if `record` is a list, append (name, state, active)."""
+def _run_chain(x: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int], record=None,
+               mask: torch.Tensor | None = None) -> _State:
+    """Apply the chain to raw logits `x`, first the grammar's `mask` (allowed tokens) when given; if `record` is a
+    list, append (name, state, active)."""
     vocab = x.numel()
 
     def rec(name: str, st: _State, active: bool) -> None:
@@ -418,25 +453,33 @@ def _run_chain(x: torch.Tensor, params: SamplingParams, prompt: list[int], outpu
     st = _State(None, x)
     rec("logits", st, True)
 
+    exact = mask is not None
+    if exact:
+        x = x.masked_fill(~mask, _NEG_INF)
+        if not bool((x > _NEG_INF).any()):
+            raise ValueError("the grammar allows no token with a finite logit here")
+        st = _State(None, x, exact=True)
+        rec(GRAMMAR_STAGE, st, True)
+
     x_pen = _penalise(x, params, prompt, output)
     if float(x_pen.max()) == _NEG_INF:  # no NaN gets here: the max is -inf only when every logit is
         raise ValueError("no token has a finite logit")
     # Unchanged logits keep the same state object, so the trace reuses its softmax.
     x = x_pen
-    st = st if x_pen is st.vals else _State(None, x_pen)
+    st = st if x_pen is st.vals else _State(None, x_pen, exact=exact)
     rec("penalties", st, _penalties_active(params))
 
     t = params.temperature
     if params.greedy:
         # Greedy: one-hot at the argmax of the penalised logits; the later cuts cannot change it.
         a = int(torch.argmax(x))
-        st = _State(torch.tensor([a], dtype=torch.long), x[a : a + 1].clone(), True)
+        st = _State(torch.tensor([a], dtype=torch.long), x[a : a + 1].clone(), True, exact)
         rec("temperature", st, True)
         for name in ("min_p", "top_k", "top_p"):
             rec(name, st, False)
         return st
     if t != 1.0:
-        st = _State(None, _scale(x, t))
+        st = _State(None, _scale(x, t), exact=exact)
     rec("temperature", st, t != 1.0)
 
     if params.min_p > 0:
@@ -461,7 +504,7 @@ def _run_chain(x: torch.Tensor, params: SamplingParams, prompt: list[int], outpu
     if params.top_p < 1.0:
         # Sorting by logit is sorting by probability (softmax is monotonic) without the ties that
         # rounding tiny probabilities would create; stable + ascending ids = ties by lower id.
-        probs = torch.softmax(st.vals, 0)
+        probs = st.softmax()
         for m in (*_PREFIXES, st.vals.numel()):
             order, complete = _desc_order(st.vals, m)
             cum = torch.cumsum(probs[order].double(), 0)  # float64: 49152 float32 adds would drift
@@ -473,7 +516,7 @@ def _run_chain(x: torch.Tensor, params: SamplingParams, prompt: list[int], outpu
         # `before` is non-decreasing, so the kept tokens are a prefix; once the candidates hold
         # >= top_p, every token after them has before >= top_p and is cut as well.
         n = int(keep.sum())
-        st = _State(st.ids(order[:n]), sv[:n], True)
+        st = _State(st.ids(order[:n]), sv[:n], True, exact)
     rec("top_p", st, params.top_p < 1.0)
     return st
 
@@ -488,7 +531,7 @@ class _Draw:
 
 
 def _draw(st: _State, u: float) -> _Draw:
-    probs = torch.softmax(st.vals, 0)
+    probs = st.softmax()
     u_t = torch.tensor([u], dtype=torch.float64)
     sizes = (probs.numel(),) if st.sorted else (*_PREFIXES, probs.numel())
     for m in sizes:
@@ -512,11 +555,14 @@ def _check_params(params) -> None:
     params.validate()  # cheap, and catches fields changed after construction
 
 
-def _prepare(logits, params, prompt_ids, output_ids):
+def _prepare(logits, params, prompt_ids, output_ids, mask=None):
     _check_params(params)
     x = _as_logits(logits)
     prompt = _as_ids(prompt_ids, x.numel(), "prompt_ids")
     output = _as_ids(output_ids, x.numel(), "output_ids")
+    if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+                                 and mask.shape == x.shape):
+        raise type_error("mask", f"a bool tensor of the vocabulary's size ({x.numel()}) or None", mask)
     return x, prompt, output
 
 
@@ -524,11 +570,12 @@ def _prepare(logits, params, prompt_ids, output_ids):
 # Public API
 
 
-def sampling_probs(logits, params: SamplingParams, prompt_ids=(), output_ids=()) -> torch.Tensor:
-    """The exact final distribution the draw uses: float32 over the vocabulary, sums to 1."""
-    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids)
-    st = _run_chain(x, params, prompt, output)
-    probs = torch.softmax(st.vals, 0)
+def sampling_probs(logits, params: SamplingParams, prompt_ids=(), output_ids=(), mask=None) -> torch.Tensor:
+    """The exact final distribution the draw uses: float32 over the vocabulary, sums to 1. `mask`: the tokens a
+    grammar allows (a bool tensor over the vocabulary; None: unconstrained)."""
+    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids, mask)
+    st = _run_chain(x, params, prompt, output, mask=mask)
+    probs = st.softmax()
     if st.idx is None:
         return probs
     out = torch.zeros(x.numel(), dtype=torch.float32)
@@ -545,38 +592,40 @@ def sample(
     *,
     trace: bool = False,
     top_n: int = 20,
+    mask: torch.Tensor | None = None,
 ) -> tuple[int, SamplingTrace | None]:
     """Draw one token. Consumes exactly one uniform number from `generator` (also when greedy), so a
-    seeded request reproduces whatever its params are."""
+    seeded request reproduces whatever its params are. `mask`: as in sampling_probs."""
     if trace:
         top_n = _check_top_n(top_n)  # before the generator is touched: a bad call must not consume u
-    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids)
+    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids, mask)
     record = [] if trace else None
-    st = _run_chain(x, params, prompt, output, record)
+    st = _run_chain(x, params, prompt, output, record, mask)
     u = float(torch.rand((), generator=generator, dtype=torch.float64))
     d = _draw(st, u)
     if not trace:
         return d.chosen, None
-    return d.chosen, _build_trace(record, d, params, u, top_n)
+    return d.chosen, _build_trace(record, d, params, u, top_n, prompt, output)
 
 
-def trace_chain(logits, params: SamplingParams, prompt_ids, output_ids, u: float, top_n: int = 20) -> SamplingTrace:
-    """Recompute the whole chain from cached logits with a given u ("what-if" for the UI)."""
+def trace_chain(logits, params: SamplingParams, prompt_ids, output_ids, u: float, top_n: int = 20,
+                mask: torch.Tensor | None = None) -> SamplingTrace:
+    """Recompute the whole chain from cached logits with a given u ("what-if" for the UI); `mask` as the step's."""
     if not _is_real(u):
         raise type_error("u", "a number in [0, 1)", u)
     if not 0.0 <= float(u) < 1.0:
         raise value_error("u", "in [0, 1)", u)
     top_n = _check_top_n(top_n)
-    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids)
+    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids, mask)
     record: list = []
-    st = _run_chain(x, params, prompt, output, record)
+    st = _run_chain(x, params, prompt, output, record, mask)
     d = _draw(st, float(u))
-    return _build_trace(record, d, params, float(u), top_n)
+    return _build_trace(record, d, params, float(u), top_n, prompt, output)
 
 
 def _full(st: _State, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Full-vocabulary logits (-inf = removed) and renormalised probs of a state."""
-    probs = torch.softmax(st.vals, 0)  # the same computation as the draw: bitwise-equal final probs
+    probs = st.softmax()  # the same computation as the draw: bitwise-equal final probs
     if st.idx is None:
         return st.vals, probs
     fv = torch.full((vocab,), _NEG_INF, dtype=torch.float32)
@@ -590,14 +639,31 @@ def _check_top_n(top_n) -> int:
     return as_int("top_n", top_n, 0, MAX_TOP_N)
 
 
-def _build_trace(record, d: _Draw, params: SamplingParams, u: float, top_n: int) -> SamplingTrace:
-    raw = record[0][1].vals
-    pen = record[1][1].vals
-    vocab = raw.numel()
-
-    tracked = _desc_order(pen, top_n)[0][:top_n].tolist() if top_n else []
+def _tracked(record, d: _Draw, params: SamplingParams, top_n: int, prompt: list[int], output: list[int]) -> list[int]:
+    """The tokens a trace follows: the top_n by penalised logit, then the chosen one. A masked chain ranks by
+    the penalised logits *without* the mask (the point is to see which of the model's favourites the grammar
+    cut) and adds the grammar's own top few, so the later stages still have bars to show."""
+    stage = {name: st for name, st, _ in record}
+    pen = stage["penalties"].vals
+    masked = GRAMMAR_STAGE in stage
+    ranked = _penalise(stage["logits"].vals, params, prompt, output) if masked else pen
+    tracked = _desc_order(ranked, top_n)[0][:top_n].tolist() if top_n else []
+    if masked and top_n:
+        seen = set(tracked)
+        # no more than the grammar allows: a cut at -inf would tie (and sort) the whole vocabulary
+        extra = min(GRAMMAR_EXTRA_TRACKED, top_n, int((pen > _NEG_INF).sum()))
+        tracked += [t for t in _desc_order(pen, extra)[0][:extra].tolist() if t not in seen]
     if d.chosen not in tracked:
         tracked.append(d.chosen)
+    return tracked
+
+
+def _build_trace(record, d: _Draw, params: SamplingParams, u: float, top_n: int, prompt: list[int],
+                 output: list[int]) -> SamplingTrace:
+    raw = record[0][1].vals
+    vocab = raw.numel()
+
+    tracked = _tracked(record, d, params, top_n, prompt, output)
     tt = torch.tensor(tracked, dtype=torch.long)
 
     stages: list[StageSnapshot] = []
@@ -609,7 +675,7 @@ def _build_trace(record, d: _Draw, params: SamplingParams, u: float, top_n: int)
             # a full state without -inf keeps every token: no mask to build or count (the usual state before
             # the cuts; each mask is a pass over the whole vocabulary)
             alive = None if st.idx is None and float(st.vals.min()) > _NEG_INF else fv > _NEG_INF
-            if prev is not None and alive is not None:  # every token alive now: nothing was removed
+            if prev is not None and alive is not None:  # (alive None: every token still alive, none removed)
                 gone = ~alive if prev[3] is None else prev[3] & ~alive
                 removed = float(prev[2][gone].double().sum())
             prev = (st, fv, fp, alive, vocab if alive is None else int(alive.sum()))
@@ -658,6 +724,7 @@ def _build_trace(record, d: _Draw, params: SamplingParams, u: float, top_n: int)
 
 __all__ = [
     "STAGE_NAMES",
+    "GRAMMAR_STAGE",
     "GREEDY_TEMPERATURE",
     "MAX_TEMPERATURE",
     "MAX_PENALTY",

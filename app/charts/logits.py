@@ -10,7 +10,7 @@ from engine.events import LogitStats
 from engine.sampling import SamplingTrace, StageSnapshot
 
 from .attention import seq_events
-from .common import ACCENT, BAR, DOTS, LABEL_CHARS, LINE, empty, figure, label_px, layout, legend_key, plain, rotated_px, shorten
+from .common import ACCENT, BAR, DOTS, GREY, LABEL_CHARS, LINE, empty, figure, label_px, layout, legend_key, plain, rotated_px, shorten
 from ..i18n import texts
 
 MAX_POINTS = 512
@@ -83,14 +83,19 @@ def logits_chart(seq_event_sampling: SamplingTrace | None, logit_stats: LogitSta
     emitted = forced.token if forced is not None else chosen  # the row that went on into the text
     y = list(range(len(ids)))
     labels = [id_label(s, i) for s, i in zip(texts, ids)]
+    # a constrained step: the rows the grammar's mask removed are grey, their labels marked with ⊘
+    grammar = _stage(sampling, "grammar")
+    masked = {i for i, k in zip(ids, grammar.kept) if not k} if grammar is not None else set()
     outline = dict(color=[FORCED_COLOR if forced is not None and i == forced.token else "#222" for i in ids],
                    width=[2.5 if i in (chosen, emitted) else 0 for i in ids])
-    custom = [[ids[k], labels[k], _row_role(ids[k], chosen, forced, t)] for k in y]  # [0] = token id: forced on click
+    custom = [[ids[k], labels[k], _row_role(ids[k], chosen, forced, t) + (t["key_masked"] if ids[k] in masked else "")]
+              for k in y]  # [0] = token id: forced on click
     hover_head = "%{customdata[1]} · id %{customdata[0]}%{customdata[2]}<br>"
     data = [
         dict(type="bar", orientation="h", name=t["logit"], x=raw.logits, y=y, xaxis="x", yaxis="y",
              customdata=custom,
-             marker=dict(color=[_bar_color(i, chosen, forced, LOGIT_COLOR) for i in ids], line=outline),
+             marker=dict(color=[GREY if i in masked else _bar_color(i, chosen, forced, LOGIT_COLOR) for i in ids],
+                         line=outline),
              hovertemplate=hover_head + f"{t['logit']}: %{{x:.3f}}<extra></extra>", showlegend=False),
         dict(type="bar", orientation="h", name=t["softmax"], x=raw.probs, y=y, xaxis="x2", yaxis="y",
              customdata=custom, marker=dict(color=PROB_COLOR, line=outline),
@@ -115,6 +120,8 @@ def logits_chart(seq_event_sampling: SamplingTrace | None, logit_stats: LogitSta
     pmax = max(list(raw.probs) + list(final.probs) + [1e-6])
 
     key = [(BAR, PROB_COLOR, t["softmax"])] + ([(BAR, FINAL_COLOR, t["final"])] if final is not raw else [])
+    if masked:
+        key.append((BAR, GREY, t["key_masked_legend"]))
     if forced is not None:  # what the marked rows mean (the forced one may be outside the rows shown)
         key = [key, ([(BAR, FORCED_COLOR, t["key_forced"])] if forced.token in ids else [])
                + [(BAR, CHOSEN_COLOR, t["key_would"])]]
@@ -126,7 +133,8 @@ def logits_chart(seq_event_sampling: SamplingTrace | None, logit_stats: LogitSta
                              range=[0, min(1.0, pmax * 1.1)], gridcolor="#eee"),
                  # the top token at the top: an explicit reversed range (autorange "reversed" is lost when
                  # Plotly.react follows a placeholder figure of the same uirevision)
-                 yaxis=dict(tickmode="array", tickvals=y, ticktext=[shorten(s) for s in labels],
+                 yaxis=dict(tickmode="array", tickvals=y,
+                            ticktext=[("⊘ " if i in masked else "") + shorten(s) for s, i in zip(labels, ids)],
                             range=[len(ids) - 0.5, -0.5], autorange=False, tickfont=dict(size=10)),
                  # a fixed left margin, sized for LABEL_CHARS (see common.py); hovers keep the whole token
                  barmode="group", bargap=0.2, shapes=shapes,

@@ -12,7 +12,8 @@ from .common import ABOVE_PLOT, ACCENT, GREY, LABEL_CHARS, empty, figure, label_
 from .logits import FORCED_COLOR, Forced, row_role
 from ..i18n import texts
 
-CHAIN_ORDER = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
+# "grammar" (a constrained request's mask, engine/sampling.py) comes first after the raw logits, as in the engine
+CHAIN_ORDER = ("logits", "grammar", "penalties", "temperature", "min_p", "top_k", "top_p")
 KEPT_COLOR = "#4C78A8"
 WHAT_IF_COLOR = "#FF7F0E"
 U_COLOR = "#FF7F0E"
@@ -127,6 +128,9 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
 
     tok = plain(texts[ids.index(chosen)] if chosen in ids else f"#{chosen}")
     title = tx["chain_title"].format(tok=tok, p=sampling.chosen_prob, rank=sampling.chosen_rank)
+    grammar_line = _grammar_line(sampling, tx)
+    if grammar_line:
+        title += "<br>" + grammar_line
     extra, shapes = {}, []
     if forced is not None:
         title = tx["chain_title_forced"].format(forced=forced.label(), tok=tok, p=sampling.chosen_prob,
@@ -138,7 +142,8 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
     # from the top: the title (common.layout adds a line for each line it wraps; a forced token's title has
     # two), the what-if badge, the two rows of stage headers; the plot is tall enough for its rows and for the
     # axis title along it
-    top = ABOVE_PLOT + 18 * (forced is not None) + 2 * HEADER_ROW + (BADGE_ROW if what_if else 0)
+    top = (ABOVE_PLOT + 18 * (forced is not None) + 18 * bool(grammar_line) + 2 * HEADER_ROW
+           + (BADGE_ROW if what_if else 0))
     bottom = 45
     plot_height = max(330, 18 * n + 30)
     height = top + bottom + plot_height
@@ -166,6 +171,25 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
                             title=dict(text=tx["prob"], font=dict(size=11))),
                  **extra)
     return figure(data, lay)
+
+
+def masked_by_grammar(sampling: SamplingTrace | None) -> set[int]:
+    """The tracked tokens the grammar's mask removed at this step (empty for an unconstrained step)."""
+    st = next((s for s in (sampling.stages if sampling is not None else ()) if s.name == "grammar"), None)
+    if st is None:
+        return set()
+    return {t for t, kept in zip(sampling.token_ids, st.kept) if not kept}
+
+
+def _grammar_line(sampling: SamplingTrace, tx: dict) -> str:
+    """One line under the title for a constrained step: tokens allowed, top tokens masked, mass removed, cost."""
+    st = next((s for s in sampling.stages if s.name == "grammar"), None)
+    if st is None:
+        return ""
+    g = sampling.grammar
+    return tx["grammar_line"].format(allowed=st.num_kept, vocab=sampling.vocab_size,
+                                     masked=len(masked_by_grammar(sampling)), n=len(sampling.token_ids),
+                                     mass=st.mass_removed, ms=g.mask_ms if g is not None else 0.0)
 
 
 def _role(token: int, chosen: int, forced: Forced | None, tx: dict) -> str:
@@ -245,6 +269,12 @@ def sampling_cdf_chart(sampling: SamplingTrace | None, lang: str = "en", forced:
                                             f"{cum[pos]:.4f})<extra></extra>")))
     if forced is not None:
         title = _forced_cdf(forced, tids, cum, p, data, annotations, tx) + title
+    masked = masked_by_grammar(sampling)
+    if masked:  # the grammar's cut tokens are not in the draw at all: say which of the top ones they were
+        names = ", ".join([f"«{plain(text_of.get(t, f'#{t}'), LABEL_CHARS)}»" for t in ids if t in masked][:4])
+        annotations.append(dict(text=tx["cdf_masked"].format(n=len(masked), names=names), x=0.0, y=1.0,
+                                xref="paper", yref="paper", xanchor="left", yanchor="top", showarrow=False,
+                                font=dict(size=11, color="#777"), bgcolor="rgba(255,255,255,0.85)"))
     tail = 1.0 - (cum[-1] if cum else 0.0)
     if tail > 1e-4 and not greedy:
         annotations.append(dict(text=tx["tail"].format(m=tail), x=1.0, y=0.02, xref="paper", yref="paper",

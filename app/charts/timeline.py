@@ -44,6 +44,8 @@ def _step_hover(event, tx: dict) -> str:
     tm = event.timing
     lines.append(f"{tx['forward']} {tm.forward_ms:.1f} ms · {tx['sample']} "
                  f"{tm.sample_ms:.1f} ms · {tx['schedule']} {tm.schedule_ms:.2f} ms")
+    if getattr(tm, "grammar_ms", 0.0):  # constrained decoding: the masks' build time, a part of "sample"
+        lines.append(tx["grammar_ms"].format(ms=tm.grammar_ms, fwd=tm.forward_ms))
     for key in ("admitted", "preempted", "finished", "waiting"):
         ids = getattr(event, key)
         if ids:
@@ -57,6 +59,7 @@ def _step_hover(event, tx: dict) -> str:
 # The waiting queue sits on top as hollow segments, and a preemption is a red cross over its step.
 OTHER_COLOR = "#D9D9D9"  # another tab's sequence in the same engine step (the room batches everyone)
 PREEMPT_COLOR = "#D62728"
+GRAMMAR_COLOR = "#6A3D9A"  # the grammar masks' build time (constrained decoding)
 PHASE_PATTERN = {"prefill": "/", "decode": "", "verify": "x"}
 
 
@@ -197,9 +200,17 @@ def timeline_chart(events, lang: str = "en", me: str | None = None) -> dict:
                  marker=dict(color=[KIND_COLORS[k] for k in kinds]),
                  customdata=[_step_hover(e, tx) for e in events],
                  hovertemplate="%{customdata}<br>" + tx["step_ms"] + "<extra></extra>")
+    traces = [steps]
+    masks = [float(getattr(e.timing, "grammar_ms", 0.0)) for e in events]
+    if any(masks):  # the grammar masks' build time beside each step's bar (the forward's share is the rest)
+        traces.append(dict(type="bar", name="grammar", x=xs, y=masks, showlegend=False, width=0.35, offset=0.05,
+                           marker=dict(color=GRAMMAR_COLOR), hovertemplate=tx["grammar_ms_hover"] + "<extra></extra>"))
     batches = [batch_segments(e, me) for e in events]
     batch, waiting, preempt, top = _composition(events, batches, me, tx)
     rows = _key_rows(events, batches, me, tx)
+    if any(masks):  # its key beside the step kinds' (the last row)
+        mask_key = (BAR, GRAMMAR_COLOR, tx["grammar_key"])
+        rows = [*rows[:-1], [*rows[-1], mask_key]] if rows else [[mask_key]]
     key_h = 16 * len(rows)
     few = max(xs) - min(xs) <= 16
     lay = layout(tx["timeline_title"], UIREV_TIMELINE, height=400 + key_h, barmode="overlay", bargap=0.15,
@@ -210,7 +221,7 @@ def timeline_chart(events, lang: str = "en", me: str | None = None) -> dict:
                  yaxis=dict(title=dict(text=tx["ms_short"]), domain=[0, 0.3], rangemode="tozero", gridcolor="#EEE"),
                  yaxis2=dict(title=dict(text=tx["in_step"]), domain=[0.38, 1], range=[0, top + 1.2],
                              dtick=1 if top <= 10 else None, gridcolor="#EEE"))
-    return figure([steps, batch, waiting, preempt], lay)
+    return figure([*traces, batch, waiting, preempt], lay)
 
 
 def latency_rows(events) -> list[dict]:

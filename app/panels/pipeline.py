@@ -45,6 +45,9 @@ def pipeline_summary(event, lang: str = "en") -> str:
         parts.append(tx["decode1"] if dec == 1 else tx["decode"].format(n=dec))
     work = " / ".join(parts) if parts else tx["idle"]
     out = f"{tx['step']} {event.step} · {work} · {event.timing.step_ms:.0f} ms"
+    tm = event.timing
+    if getattr(tm, "grammar_ms", 0.0) > tm.forward_ms:  # constrained decoding where the masks, not the model, cost most
+        out += " · " + tx["grammar_dominates"].format(ms=tm.grammar_ms, fwd=tm.forward_ms)
     for key in ("preempted", "finished"):
         ids = getattr(event, key)
         if ids:  # "seq #0 finished": a bare "finished 0" read as a count of zero
