@@ -1410,6 +1410,56 @@ UI = {
                                  "counted {server})",
                            "ru": "токенов: {n} — по собственному токенизатору и шаблону чата модели (сервер "
                                  "насчитал {server})"},
+    # ---- load from the room (app/room_load.py): the presenter's button, its summary, the follower's own request
+    "room_owner.follower": {"en": "follower", "ru": "слушатель"},
+    "load_btn": {"en": "Every follower sends one request now", "ru": "Каждый слушатель отправляет один запрос"},
+    "load_sent": {"en": "Room load {round}: {n} followers' pages were asked to send the prompt above at once.",
+                  "ru": "Нагрузка от зала {round}: страницы слушателей ({n}) одновременно отправляют запрос выше."},
+    "load_nobody": {"en": "Nobody follows the lecture yet: the room load needs followers at /follow.",
+                    "ru": "Лекцию пока никто не смотрит: для нагрузки от зала нужны слушатели на /follow."},
+    "load_cooldown": {"en": "The last room load began moments ago: wait {wait} s before the next.",
+                      "ru": "Предыдущая нагрузка от зала началась только что: подождите {wait} с."},
+    "load_prompt": {"en": "The room load's prompt must be 1 to {max} characters.",
+                    "ru": "Запрос для нагрузки от зала должен быть длиной от 1 до {max} символов."},
+    "load_numbers": {"en": "The room load needs max tokens of at least 1 (at most {max} are used) and a "
+                           "temperature from 0 to 2.",
+                     "ru": "Для нагрузки от зала нужно не меньше 1 токена (используется не больше {max}) и "
+                           "температура от 0 до 2."},
+    "load_not_presenter": {"en": "Only the presenter can ask the room to send requests: present first (the "
+                                 "presenter token).",
+                           "ru": "Просить зал отправить запросы может только ведущий: сначала начните показ (токен "
+                                 "ведущего)."},
+    "load.none": {"en": "No room load yet: the button asks every follower's page to send one request at the same "
+                        "moment, and this box shows how the engine took it.",
+                  "ru": "Нагрузки от зала ещё не было: кнопка просит каждую страницу слушателя отправить один "
+                        "запрос в один и тот же момент, а здесь видно, как движок с этим справился."},
+    "load.round": {"en": "Room load {round}: {answered} of {asked} followers answered",
+                   "ru": "Нагрузка от зала {round}: ответили {answered} из {asked} слушателей"},
+    "load.failed": {"en": "{n} failed", "ru": "не удалось: {n}"},
+    "load.waiting": {"en": "waiting for the others… ({s} s)", "ru": "ждём остальных… ({s} с)"},
+    "load.ttft": {"en": "time to first token, measured in the followers' browsers: median {p50} ms, 95th "
+                        "percentile {p95} ms",
+                  "ru": "время до первого токена в браузерах слушателей: медиана {p50} мс, 95-й процентиль "
+                        "{p95} мс"},
+    "load.throughput": {"en": "{tokens} tokens generated for them in {window} s: {tok_s} tok/s together",
+                        "ru": "для них сгенерировано токенов: {tokens} за {window} с — {tok_s} tok/s вместе"},
+    "load.batches_room": {"en": "the engine ran {steps} steps with their requests: batches of up to {max} "
+                                "sequences (mean {mean}), up to {ours} of the followers' requests in one step",
+                          "ru": "движок выполнил с их запросами шагов: {steps}; в батче до {max} "
+                                "последовательностей (в среднем {mean}), до {ours} запросов слушателей за шаг"},
+    "load.batches_metrics": {"en": "the server's /metrics: up to {max} requests running at once (mean {mean} over "
+                                   "{n} readings)",
+                             "ru": "по /metrics сервера: до {max} запросов выполнялись одновременно (в среднем "
+                                   "{mean} по {n} замерам)"},
+    "follow.load_title": {"en": "Your request · room load {round} (the presenter asked {of} pages at once)",
+                          "ru": "Ваш запрос · нагрузка от зала {round} (ведущий попросил страниц: {of})"},
+    "follow.load_sending": {"en": "sending…", "ru": "отправляем…"},
+    "follow.load_ttft": {"en": "first token after {ms} ms (measured in this browser)",
+                         "ru": "первый токен через {ms} мс (измерено в этом браузере)"},
+    "follow.load_done": {"en": "{tokens} tokens in {s} s", "ru": "токенов: {tokens} за {s} с"},
+    "follow.load_failed": {"en": "the request failed: {why}", "ru": "запрос не удался: {why}"},
+    "follow.load_skipped": {"en": "The presenter asked the room for requests; this page was not picked this time.",
+                            "ru": "Ведущий попросил зал отправить запросы; эту страницу на этот раз не выбрали."},
 }
 
 # the stage panels in page order (their title and explanation: "panel.<key>.title", "panel.<key>.text")
