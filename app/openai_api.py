@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from engine.tokenizer import token_bytes
+
 from .metrics_api import ApiMetrics, render
 from .openai_run import RoomRun
-from .openai_schema import ApiError, ApiLimits, Job, parse_chat, parse_completion, tokenize
+from .openai_schema import ApiError, ApiLimits, Job, parse_chat, parse_completion, parse_tokenize, tokenize
 
 log = logging.getLogger("inferlab")
 
@@ -214,6 +216,21 @@ def mount(app, registry, holder, settings: ApiSettings, room_load=None):
             done()
         return JSONResponse(answer, headers=owner) if isinstance(answer, dict) else answer
 
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request):
+        """vLLM's /tokenize: the token ids (and their text with return_token_strs) of a prompt, or of messages
+        through the model's chat template; what attach mode reads when it cannot load a server's tokenizer."""
+        try:
+            check_access(request)  # a room-load ticket is not spent here: it is checked like the key
+            body = await _read_json(request, limits.max_body_bytes)
+            room = ready()
+            model, prompt, generation, strs = parse_tokenize(body, limits)
+            if model is not None and model not in names():
+                raise ApiError(f"the model {model!r} does not exist here", "model", "model_not_found", 404)
+            return await asyncio.to_thread(_tokens_answer, room.engine, prompt, generation, strs, limits)
+        except ApiError as exc:
+            return error(exc)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await serve(request, "chat")
@@ -241,13 +258,33 @@ class _RunStream(StreamingResponse):
             self.on_close()
 
 
+def _tokens_answer(engine, prompt, generation: bool, strs: bool, limits: ApiLimits) -> dict:
+    tok = engine.tokenizer
+    if prompt.messages is not None:
+        text = tok.apply_chat_template(list(prompt.messages), tokenize=False, add_generation_prompt=generation)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = engine.encode(prompt.text, chat=False).token_ids if prompt.text else []
+    if len(ids) > limits.max_prompt_tokens:
+        raise ApiError(f"the prompt is {len(ids)} tokens; this server takes at most {limits.max_prompt_tokens}",
+                       "prompt", "context_length_exceeded")
+    out = {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": list(ids)}
+    if strs:  # each token's bytes as text, as the engine's token chips show them
+        out["token_strs"] = [token_bytes(tok, i).decode("utf-8", errors="replace") for i in ids]
+    return out
+
+
 def _redeem(room_load, ticket: str, job: Job) -> None:
-    """A room-load ticket's one request: a streaming chat request for one answer within the round's max_tokens.
-    The ticket is spent only by a request of that shape."""
+    """A room-load ticket's one request: a streaming chat request for one answer to the round's prompt within its
+    max_tokens. The ticket is spent only by a request of that shape."""
     if job.kind != "chat" or not job.stream or job.n != 1 or len(job.prompts) != 1:
         raise ApiError("a room-load ticket is good for one streaming chat request with n = 1", None,
                        "room_load_ticket", 403, "permission_error")
-    cap = room_load.round.max_tokens if room_load.round is not None else 0
+    rnd = room_load.round
+    if rnd is None or job.prompts[0].messages != ({"role": "user", "content": rnd.prompt},):
+        raise ApiError("a room-load ticket is good for the round's own prompt only", "messages", "room_load_ticket",
+                       403, "permission_error")
+    cap = rnd.max_tokens
     if not job.max_tokens_given or job.params.max_tokens > cap:
         raise ApiError(f"a room-load request must ask for at most {cap} tokens (max_tokens)", "max_tokens",
                        "room_load_ticket", 400)
