@@ -116,10 +116,11 @@ def mount(app, registry, holder, settings: ApiSettings, room_load=None):
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
-    def check_access(request) -> str | None:
-        """Raise unless the request may call; returns the room-load ticket it carries instead of the key."""
+    def check_access(request, tickets: bool = False) -> str | None:
+        """Raise unless the request may call; returns the room-load ticket it carries instead of the key (taken
+        only where `tickets`: the chat route a follower's page calls)."""
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if room_load is not None and scheme.lower() == "bearer" and room_load.is_ticket(token.strip()):
+        if tickets and room_load is not None and scheme.lower() == "bearer" and room_load.is_ticket(token.strip()):
             if not settings.room_load:
                 raise ApiError(settings.why_off, None, "api_disabled", 403, "permission_error")
             return token.strip()
@@ -164,7 +165,7 @@ def mount(app, registry, holder, settings: ApiSettings, room_load=None):
 
     async def serve(request: Request, kind: str):
         try:
-            ticket = check_access(request)
+            ticket = check_access(request, tickets=kind == "chat")
             body = await _read_json(request, limits.max_body_bytes)
             room = ready()
             parse = parse_chat if kind == "chat" else parse_completion
@@ -221,7 +222,7 @@ def mount(app, registry, holder, settings: ApiSettings, room_load=None):
         """vLLM's /tokenize: the token ids (and their text with return_token_strs) of a prompt, or of messages
         through the model's chat template; what attach mode reads when it cannot load a server's tokenizer."""
         try:
-            check_access(request)  # a room-load ticket is not spent here: it is checked like the key
+            check_access(request)
             body = await _read_json(request, limits.max_body_bytes)
             room = ready()
             model, prompt, generation, strs = parse_tokenize(body, limits)

@@ -110,3 +110,13 @@ def test_percentiles_and_the_batches_from_records_and_metrics():
     assert metrics_batches(series, rnd) == {"source": "metrics", "samples": 2, "max": 3, "mean": 2.5}
     s = {**load.summary(), "batches": metrics_batches(series, rnd)}
     assert 'id="load-max-batch">3<' in summary_html(s, "en") and not english(html_text(summary_html(s, "ru")))
+
+
+def test_tickets_follow_the_apis_key_policy():
+    """A follower's ticket stands in for the key, also where the API is off by default (a public lab without a
+    key: the presenter token started the round), but not where the operator turned the API off."""
+    from app.openai_api import decide
+
+    assert decide("0.0.0.0", None).enabled is False and decide("0.0.0.0", None).room_load is True
+    assert decide("127.0.0.1", "k").room_load is True
+    assert decide("127.0.0.1", None, "off").room_load is False
