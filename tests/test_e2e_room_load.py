@@ -50,9 +50,9 @@ def test_every_follower_sends_one_request_and_the_presenter_sees_the_room(lab):
     url, app, b = lab
     page = _present(b, url)
     followers = []
-    for _ in range(FOLLOWERS):  # separate contexts: three visitors, three sockets
+    for i in range(FOLLOWERS):  # separate contexts: three visitors, three sockets; the last reads Russian
         f = b.new_context(viewport={"width": 1100, "height": 800}).new_page()
-        f.goto(url + "/follow")
+        f.goto(url + "/follow" + ("?lang=ru" if i == FOLLOWERS - 1 else ""))
         f.wait_for_function("() => document.getElementById('follow-status').className.includes('ok')",
                             timeout=30000)
         followers.append(f)
@@ -69,7 +69,8 @@ def test_every_follower_sends_one_request_and_the_presenter_sees_the_room(lab):
         assert r["text"].strip() and f.inner_text("#follow-load-answer") == r["text"]
         assert 0 < r["ttft_ms"] <= r["elapsed_ms"]
         assert f.get_attribute("#follow-load-status", "data-ttft-ms") == str(r["ttft_ms"])
-        assert "first token after" in f.inner_text("#follow-load-status")
+        said = f.inner_text("#follow-load-status")
+        assert ("первый токен через" if "lang=ru" in f.url else "first token after") in said
         assert KEY not in f.content()  # the page never saw the API key
         answers.append(r["text"])
         ttfts.append(r["ttft_ms"] / 1e3)
@@ -104,9 +105,14 @@ def test_every_follower_sends_one_request_and_the_presenter_sees_the_room(lab):
     # needs the key
     used = app.state.room_load.round.slots
     ticket = next(iter(used))
+    auth = {"Authorization": f"Bearer {ticket}"}
     body = {"model": want.model, "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-    again = httpx.post(url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {ticket}"})
+    other = httpx.post(url + "/v1/chat/completions", json=body, headers=auth)  # another prompt: never allowed
+    assert other.status_code == 403 and "round's own prompt" in other.json()["error"]["message"]
+    body["messages"][0]["content"] = PROMPT
+    again = httpx.post(url + "/v1/chat/completions", json=body, headers=auth)
     assert again.status_code == 403 and "used already" in again.json()["error"]["message"]
+    assert httpx.post(url + "/tokenize", json={"prompt": PROMPT}, headers=auth).status_code == 401  # chat only
     assert httpx.post(url + "/v1/chat/completions", json=body).status_code == 401
     for f in followers:
         f.context.close()
