@@ -12,7 +12,7 @@ second of the round, and the batches the engine ran with their requests (the roo
 the server's requests running at once, from its /metrics).
 
 Rounds alternate one follower and N, so that the machine's drift hits both alike (the lab waits 10 s between
-rounds). Prints a row per round, then min and median over rounds and the ratios "N followers / one".
+rounds), after one uncounted warm-up round. Prints a row per round, then min and median over rounds and the ratios "N followers / one".
 """
 from __future__ import annotations
 
@@ -99,7 +99,8 @@ async def measure(base: str, token: str, args) -> list[tuple[dict, dict]]:
             return json.loads(await ws.recv())
 
         assert (await present({"op": "auth", "token": token}))["type"] == "ok"
-        rounds, last = [], 0.0
+        await one_round(base, present, 1, args)  # warm-up, not counted: the first request pays one-time costs
+        rounds, last = [], time.monotonic()
         for i in range(args.rounds):
             pair = []
             for n in (1, args.followers):
