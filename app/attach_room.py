@@ -18,7 +18,7 @@ import httpx
 from fastapi import Request, WebSocket
 
 from .i18n import Refusal, lang_of, t, texts
-from .live import ask_followers, follower_message
+from .live import PresenterSocket, ask_followers, follower_message
 from .panels.room_load import summary_html
 from .room_load import TICKET_TTL_S, metrics_batches
 
@@ -48,7 +48,8 @@ def follow_html(lang: str) -> str:
 
 
 def mount_room(app, hub, load, attachment) -> None:
-    """The follower page and socket, the presenter's send and summary, and the relay of each follower's request."""
+    """The follower page and socket, the presenter's send and summary (from the page, or a script on
+/ws/present), and the relay of each follower's request."""
     from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
     reports = follower_message(load)
@@ -60,6 +61,14 @@ def mount_room(app, hub, load, attachment) -> None:
     @app.websocket("/ws/follow")
     async def follow_socket(ws: WebSocket):
         await hub.serve(ws, "viewer", on_message=reports)
+
+    # a script presents as in the lab (auth, then load and load_summary; there is no engine to step here)
+    presenter = PresenterSocket(hub, None, None, load, lambda: {"url": "/attach/room/chat",
+                                                                 "model": attachment.target.model})
+
+    @app.websocket("/ws/present")
+    async def present_socket(ws: WebSocket):
+        await hub.serve(ws, "unauthenticated", on_message=presenter.handle)
 
     @app.post("/attach/room/send")
     async def send(request: Request):
@@ -74,8 +83,6 @@ def mount_room(app, hub, load, attachment) -> None:
                                       body.get("prompt"), body.get("max_tokens", 32), body.get("temperature", 0))
         except Refusal as exc:
             return JSONResponse({"error": exc.text(lang)}, status_code=403 if "token" in exc.phrase.key else 400)
-        threading.Thread(target=_watch_metrics, args=(attachment.target, load), daemon=True,
-                         name="attach-room-metrics").start()
         return {**out, "note": t("load_sent", lang).format(round=out["round"], n=out["asked"])}
 
     @app.get("/attach/room/summary")
@@ -151,9 +158,8 @@ def check_token(hub, token, request) -> None:
         raise (Refusal("bad_token") if exc.phrase.key == "wrong_token" else exc) from None
 
 
-def _watch_metrics(target, load) -> None:
+def _watch_metrics(target, load, rnd) -> None:
     """The server's /metrics every second while the round runs: the batches the summary shows come from here."""
-    rnd = load.round
     while load.round is rnd and time.monotonic() - rnd.started < TICKET_TTL_S:
         target.scrape()
         if rnd.slots and all(s.served_at is not None for s in rnd.slots.values() if s.redeemed) and \
@@ -166,6 +172,14 @@ def _watch_metrics(target, load) -> None:
 def room_batches(attachment):
     """RoomLoad's batch source in attach mode: the attached server's requests running at once."""
     return lambda rnd, owners: metrics_batches(attachment.target.series, rnd)
+
+
+def watch_metrics(attachment, load):
+    """RoomLoad's on_start in attach mode: read the server's /metrics while the round runs (however it began)."""
+    def start(rnd) -> None:
+        threading.Thread(target=_watch_metrics, args=(attachment.target, load, rnd), daemon=True,
+                         name="attach-room-metrics").start()
+    return start
 
 
 async def _json(request) -> dict:

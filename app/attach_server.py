@@ -24,7 +24,7 @@ import httpx
 from fastapi import Request
 
 from .attach import MAX_PROMPT_CHARS, MAX_TOKENS, MAX_TOP, AttachTarget
-from .attach_room import check_token, mount_room, room_batches
+from .attach_room import check_token, mount_room, room_batches, watch_metrics
 from .attach_tokens import Tokenizer
 from .charts import attach as charts
 from .i18n import Refusal, lang_of, texts
@@ -66,6 +66,7 @@ def create_attach_app(url: str, api_key: str | None = None, model: str | None = 
     attachment = Attachment(AttachTarget(url, api_key, model), tokenizer_name)
     hub = Hub(presenter_token, allowed_origins)
     load = RoomLoad(room_batches(attachment))
+    load.on_start = watch_metrics(attachment, load)  # the round's batches: the server's /metrics while it runs
     local = host in LOOPBACK
     state = {"run": None}
     slots = threading.BoundedSemaphore(MAX_RUNNING)

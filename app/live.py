@@ -494,6 +494,8 @@ class PresenterSocket:
                     msg.get("temperature", 0)))
             elif op == "load_summary":
                 reply = protocol.encode(OK, op=op, summary=self.load.summary())
+            elif self.lecture is None:
+                raise ValueError("this server runs no engine to drive (attach mode): use load and load_summary")
             else:
                 reply = protocol.encode(OK, op=op, **await asyncio.to_thread(self._run, self.command(msg)))
         except Exception as exc:  # noqa: BLE001 - every failure is a reply, never a dropped socket

@@ -64,8 +64,9 @@ class Round:
 
 
 class RoomLoad:
-    def __init__(self, batches=None, clock=time.monotonic):
+    def __init__(self, batches=None, clock=time.monotonic, on_start=None):
         self.batches = batches or (lambda rnd, owners: None)  # (round, owners) -> batch summary dict or None
+        self.on_start = on_start  # (round) -> None: attach mode starts reading the server's /metrics here
         self.clock = clock
         self.round: Round | None = None
         self._count = 0
@@ -87,6 +88,8 @@ class RoomLoad:
             tickets = [secrets.token_urlsafe(18) for _ in range(min(followers, MAX_FOLLOWERS))]
             rnd.slots = {tk: Slot(i + 1) for i, tk in enumerate(tickets)}
             self.round = rnd  # the older round's unused tickets are void from here on
+        if self.on_start is not None:
+            self.on_start(rnd)
         return rnd, tickets
 
     def is_ticket(self, token: str) -> bool:

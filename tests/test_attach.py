@@ -182,6 +182,19 @@ def test_every_follower_sends_one_request_to_the_attached_server(attached):
     # a ticket is one request of the round's own prompt: spent now
     r = httpx.post(url + "/attach/room/chat", json={}, headers={"Authorization": "Bearer made-up"}, timeout=30)
     assert r.status_code == 403 and "not valid" in r.json()["error"]["message"]
+    # a script presents as in the lab: the round's summary; no engine to step
+    from websockets.sync.client import connect
+
+    with connect(url.replace("http", "ws") + "/ws/present") as ws:
+        for msg, want in (({"op": "load_summary"}, "authenticate first"), ({"op": "auth", "token": TOKEN}, None),
+                          ({"op": "step"}, "no engine to drive"), ({"op": "load_summary"}, None)):
+            ws.send(json.dumps(msg))
+            reply = json.loads(ws.recv(timeout=30))
+            if want:
+                assert reply["type"] == "error" and want in reply["error"], reply
+            else:
+                assert reply["type"] == "ok", reply
+        assert reply["summary"]["answered"] == 3 and reply["summary"]["round"] == s["round"]
 
 
 def test_the_page_can_point_at_another_server_from_this_machine_only(attached):
