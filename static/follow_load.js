@@ -74,6 +74,8 @@
       draw(r);
     }
     if (r.tokens === 0) r.tokens = r.chunks;  // a server that sends no usage: count the chunks
+    // a stream that ended before any token (a server that dropped it) is no answer
+    if (r.ttft_ms === null) throw new Error("the stream ended before its first token");
   }
 
   async function handle(msg, ws, base) {
@@ -91,7 +93,6 @@
       r.error = String((err && err.message) || err).slice(0, 200);
     }
     r.elapsed_ms = performance.now() - r.t0;
-    if (r.ok && r.ttft_ms === null) r.ttft_ms = r.elapsed_ms;
     draw(r);
     st.done += 1;
     if (ws.readyState === WebSocket.OPEN) {
