@@ -78,7 +78,8 @@ class Tokenizer:
                         strs = r.json().get("token_strs")
                         return Tokens(None, strs if isinstance(strs, list) else [str(i) for i in ids], "server")
                 else:
-                    r = httpx.post(t.url + route, headers=t.headers, timeout=30, json={"model": t.model, "input": prompt})
+                    r = httpx.post(t.url + route, headers=t.headers, timeout=30,
+                                   json={"model": t.model, "input": prompt})
                     ids = r.json().get("tokens") if r.status_code == 200 else None
                     if isinstance(ids, list):
                         self.endpoint = route

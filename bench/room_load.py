@@ -12,7 +12,8 @@ second of the round, and the batches the engine ran with their requests (the roo
 the server's requests running at once, from its /metrics).
 
 Rounds alternate one follower and N, so that the machine's drift hits both alike (the lab waits 10 s between
-rounds), after one uncounted warm-up round. Prints a row per round, then min and median over rounds and the ratios "N followers / one".
+rounds), after one uncounted warm-up round. Prints a row per round, then min and median over rounds and the
+ratios "N followers / one".
 """
 from __future__ import annotations
 

@@ -260,8 +260,8 @@ def test_tokens_from_the_servers_tokenize_endpoint_when_no_tokenizer_loads(attac
     # the attach page with no tokenizer: panel 1 from the server's endpoint, as many tokens as the server counts
     app = create_attach_app(target, KEY, tokenizer_name="/nonexistent/tokenizer")
     with TestClient(app) as c:
-        frames = [json.loads(x) for x in c.post("/attach/ask", json={"prompt": PROMPT, "max_tokens": 2}).text.split("\n")
-                  if x]
+        answer = c.post("/attach/ask", json={"prompt": PROMPT, "max_tokens": 2})
+        frames = [json.loads(x) for x in answer.text.split("\n") if x]
         panel = frames[-1]["html"]["attach-tokens"]
         assert 'data-source="server"' in panel and panel.count('class="at-tok"') == len(want)
         assert f"The server counted {len(want)}" in panel
