@@ -106,14 +106,21 @@ def attach(args) -> int:
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per metrics poll
 
+    origins = tuple(args.allow_origin) if args.allow_origin else tuple(
+        o for o in os.environ.get("INFERLAB_ALLOWED_ORIGINS", "").split(",") if o.strip())
     try:
-        app = create_attach_app(args.attach, args.api_key, None if args.model == "bundled" else args.model)
+        app = create_attach_app(args.attach, args.api_key, None if args.model == "bundled" else args.model,
+                                host=args.host, presenter_token=os.environ.get("INFERLAB_PRESENTER_TOKEN") or None,
+                                allowed_origins=origins)
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
         print(f"Could not attach to {args.attach}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     url = f"http://{args.host}:{args.port}"
-    print(f"InferLab attached to {app.state.target.url} (model {app.state.target.model}): open {url} "
-          f"(in Russian: {url}/?lang=ru)", flush=True)
+    target = app.state.attachment.target
+    print(f"InferLab attached to {target.url} (model {target.model}): open {url} (in Russian: {url}/?lang=ru)",
+          flush=True)
+    # the room load: followers open /follow; the presenter types this token on the attach page
+    print(f"Lecture mode: presenter token {app.state.hub.token}  ·  followers open {url}/follow", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

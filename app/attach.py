@@ -99,11 +99,11 @@ class AttachTarget:
         self._scraped = 0.0
         self._lock = threading.Lock()
 
-    def resolve_model(self) -> str:
-        """--model, else the first model the server's /v1/models lists."""
+    def resolve_model(self, timeout: float = 30) -> str:
+        """--model, else the first model the server's /v1/models lists (read either way: the server must answer)."""
+        r = httpx.get(self.url + "/v1/models", headers=self.headers, timeout=timeout)
+        r.raise_for_status()
         if not self.model:
-            r = httpx.get(self.url + "/v1/models", headers=self.headers, timeout=30)
-            r.raise_for_status()
             self.model = r.json()["data"][0]["id"]
         return self.model
 

@@ -5,21 +5,32 @@ each drawn by app/charts/attach.py from the server's answers (app/attach.py). `P
 page one JSON frame per line while the server's answer streams in; `GET /attach/top` redraws the top-N chart at
 another token; `GET /attach/metrics` (polled by the page) the server's /metrics over time. One user at a
 time is the expected use (a lecturer's laptop); a few requests at once are allowed, more are refused.
+`POST /attach/target` points the page at another server: allowed when this page's server listens on this
+machine only (127.0.0.1), else only with the presenter token, so that a public deployment does not become a
+way to reach any address. Lecture mode's room load (followers at /follow): app/attach_room.py.
 """
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import logging
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import httpx
 from fastapi import Request
 
 from .attach import MAX_PROMPT_CHARS, MAX_TOKENS, MAX_TOP, AttachTarget
+from .attach_room import check_token, mount_room, room_batches, watch_metrics
+from .attach_tokens import Tokenizer
 from .charts import attach as charts
-from .i18n import lang_of, texts
+from .i18n import Refusal, lang_of, texts
+from .live import Hub
+from .openai_api import LOOPBACK
+from .room_load import RoomLoad
 
 log = logging.getLogger("inferlab")
 
@@ -27,53 +38,44 @@ MAX_RUNNING = 4  # requests to the server at once from this page
 FRAME_EVERY_S = 0.1  # the page is sent at most this many frames a second while an answer streams
 
 
-class Tokenizer:
-    """The model's tokenizer, loaded in the background (the page serves at once); `note` says why not."""
+class Attachment:
+    """The server this page is attached to and its model's tokenizer; the page can point it elsewhere (`switch`)."""
 
-    def __init__(self, model: str):
-        self.tok, self.note, self.ready = None, "loading", threading.Event()
-        threading.Thread(target=self._load, args=(model,), daemon=True, name="attach-tokenizer").start()
+    def __init__(self, target: AttachTarget, tokenizer_name: str | None = None):
+        target.resolve_model()  # fails here, at start, when the server cannot be reached
+        self.target, self.tokenizer = target, Tokenizer(target.model, target, tokenizer_name)
 
-    def _load(self, model: str) -> None:
-        from transformers import AutoTokenizer
-
-        from engine.loader import BUNDLED_ID, bundled_dir
-
-        try:
-            source = str(bundled_dir()) if model in ("bundled", BUNDLED_ID.split(" (")[0]) else model
-            self.tok, self.note = AutoTokenizer.from_pretrained(source), ""
-        except Exception as exc:  # noqa: BLE001 - any loader failure is a note on the page, not a crash
-            self.note = f"{type(exc).__name__}: {exc}"[:200]
-        self.ready.set()
-
-    def render(self, prompt: str, system: str | None) -> tuple[str | None, list[str] | None]:
-        """The chat template's text and its tokens as text pieces (None, None without a tokenizer)."""
-        self.ready.wait(60)
-        if self.tok is None:
-            return None, None
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = self.tok(text, add_special_tokens=False)["input_ids"]
-        return text, [self.tok.decode([i]) for i in ids]
+    def switch(self, target: AttachTarget) -> None:
+        target.resolve_model(timeout=10)  # raises before anything changes when the new server does not answer
+        self.target, self.tokenizer = target, Tokenizer(target.model, target)
 
 
-def create_attach_app(url: str, api_key: str | None = None, model: str | None = None):
+def create_attach_app(url: str, api_key: str | None = None, model: str | None = None, host: str = "127.0.0.1",
+                      presenter_token: str | None = None, allowed_origins: tuple[str, ...] = (),
+                      tokenizer_name: str | None = None):
+    """The attach page for the server at `url`. `host`: where this page's server listens (pointing the page at
+    another server needs the presenter token unless that is this machine only); `presenter_token`: the lecture's
+    secret (the room load, the switch); `tokenizer_name`: load the tokenizer from this name instead of the
+    server's model name."""
     from fastapi import FastAPI
     from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
     from fastapi.staticfiles import StaticFiles
 
     from .server import STATIC
 
-    target = AttachTarget(url, api_key, model)
-    model = target.resolve_model()  # fails here, at start, when the server cannot be reached
-    tokenizer = Tokenizer(model)
+    attachment = Attachment(AttachTarget(url, api_key, model), tokenizer_name)
+    hub = Hub(presenter_token, allowed_origins)
+    load = RoomLoad(room_batches(attachment))
+    load.on_start = watch_metrics(attachment, load)  # the round's batches: the server's /metrics while it runs
+    local = host in LOOPBACK
     state = {"run": None}
     slots = threading.BoundedSemaphore(MAX_RUNNING)
     app = FastAPI(title="InferLab attach")
 
     @app.get("/")
     def page(lang: str = "en"):
-        return HTMLResponse(page_html(lang_of(lang), target.url, model))
+        t = attachment.target
+        return HTMLResponse(page_html(lang_of(lang), t.url, t.model, local))
 
     @app.get("/lab-static/plotly.min.js")
     def plotly_bundle():  # the lab's own Plotly, from the plotly package (no CDN: this works offline too)
@@ -92,26 +94,27 @@ def create_attach_app(url: str, api_key: str | None = None, model: str | None = 
             return JSONResponse({"error": str(exc)[:300]}, status_code=400)
         if not slots.acquire(blocking=False):
             return JSONResponse({"error": f"at most {MAX_RUNNING} requests at once"}, status_code=429)
+        target, tokenizer = attachment.target, attachment.tokenizer
 
         def frames():
             try:
-                text, tokens = tokenizer.render(prompt, system)
+                tokens = tokenizer.render(prompt, system)
                 last = 0.0
                 for run in target.stream_chat(prompt, params, system):
                     state["run"] = run
                     if run.done or time.monotonic() - last >= FRAME_EVERY_S:
                         last = time.monotonic()
-                        yield json.dumps(frame(run, lang, text, tokens), ensure_ascii=False) + "\n"
+                        yield json.dumps(frame(run, lang, tokens, tokenizer.note), ensure_ascii=False) + "\n"
             finally:
                 slots.release()
         return StreamingResponse(frames(), media_type="application/x-ndjson")
 
-    def frame(run, lang, text, tokens) -> dict:
+    def frame(run, lang, tokens, why) -> dict:
         server = (run.usage or {}).get("prompt_tokens")
         return {"figs": {"attach-top": charts.top_figure(run, None, lang),
                          "attach-timing": charts.timing_figure(run, lang)},
                 "html": {"attach-stream": charts.stream_html(run, lang),
-                         "attach-tokens": charts.tokens_html(text, tokens, tokenizer.note, server, lang)},
+                         "attach-tokens": charts.tokens_html(tokens, why, server, lang)},
                 "tokens": len(run.tokens), "done": run.done}
 
     @app.get("/attach/top")
@@ -122,13 +125,57 @@ def create_attach_app(url: str, api_key: str | None = None, model: str | None = 
 
     @app.get("/attach/metrics")
     def metrics(lang: str = "en"):
+        target = attachment.target
         series = target.scrape()
         return {"figs": {"attach-metrics": charts.metrics_figure(series, target.metrics_note, lang_of(lang))},
                 "points": len(series)}
 
+    @app.post("/attach/target")
+    async def switch(request: Request):
+        """Point the page at another server: from this machine only, or with the presenter token."""
+        try:
+            body = json.loads(await request.body())
+            lang = lang_of(body.get("lang"))
+            if not local:
+                check_token(hub, body.get("token"), request)
+            new = AttachTarget(checked_url(body.get("url")), _field(body, "api_key"), _field(body, "model"))
+            await asyncio.to_thread(attachment.switch, new)
+        except Refusal as exc:
+            return JSONResponse({"error": exc.text(lang)}, status_code=403)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            return JSONResponse({"error": str(exc)[:300]}, status_code=400)
+        except httpx.HTTPError as exc:
+            return JSONResponse({"error": f"no answer from that server: {type(exc).__name__}: {exc}"[:300]},
+                                status_code=400)
+        log.info("attach page now points at %s (model %s)", new.url, new.model)
+        return {"url": new.url, "model": new.model}
+
+    mount_room(app, hub, load, attachment)
     app.mount("/lab-static", StaticFiles(directory=str(STATIC)), name="lab-static")
-    app.state.target, app.state.tokenizer = target, tokenizer
+    app.state.attachment, app.state.hub = attachment, hub
     return app
+
+
+def checked_url(url) -> str:
+    """An http(s) URL of a server (no credentials in it, at most 300 characters); ValueError otherwise."""
+    if not isinstance(url, str) or not 0 < len(url.strip()) <= 300:
+        raise ValueError("the server's URL must be 1 to 300 characters")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("the server's URL must start with http:// or https:// and name a host")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise ValueError("the server's URL must carry no user, password, query or fragment (the key has its own "
+                         "field)")
+    return url.strip()
+
+
+def _field(body: dict, name: str) -> str | None:
+    v = body.get(name)
+    if v in (None, ""):
+        return None
+    if not isinstance(v, str) or len(v) > 300:
+        raise ValueError(f"{name} must be a string of at most 300 characters")
+    return v.strip()
 
 
 def _checked(body) -> tuple[str, str, str | None, dict]:
@@ -174,15 +221,17 @@ button { padding: 6px 18px; font-size: 14px; cursor: pointer; }
   white-space: pre-wrap; } .at-delta sub { color: #888; font-size: 9px; margin-left: 2px; }
 .at-tokens span, .at-tok { display: inline-block; background: #f1efe8; border-radius: 3px; padding: 0 3px; margin: 1px;
   font-family: ui-monospace, monospace; font-size: 12px; white-space: pre; }
+.il-load-summary { font-size: 13px; line-height: 1.5; } .il-load-note { font-size: 13px; color: #555; margin: 4px 0; }
 .at-template { font-size: 11px; background: #fafafa; padding: 6px; white-space: pre-wrap; max-height: 140px;
   overflow: auto; }
 """
 
 
-def page_html(lang: str, url: str, model: str) -> str:
+def page_html(lang: str, url: str, model: str, local: bool = True) -> str:
     say = texts("attach", lang)
     e = html.escape
-    config = json.dumps({"lang": lang, "sending": say["sending"], "send": say["send"]}).replace("</", "<\\/")
+    config = json.dumps({"lang": lang, "sending": say["sending"], "send": say["send"],
+                         "switched": say["switched"]}, ensure_ascii=False).replace("</", "<\\/")
     return f"""<!doctype html><html lang="{lang}"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1"><title>{e(say["title"])}</title>
 <style>{STYLE}</style><script>window.ATTACH = {config};</script>
@@ -208,4 +257,17 @@ def page_html(lang: str, url: str, model: str) -> str:
 <section><h2>{e(say["panel_metrics"])}</h2><p class="at-note">{e(say["panel_metrics_text"])}</p>
  <div id="attach-metrics"></div></section>
 <section><h2>{e(say["panel_absent"])}</h2><div id="attach-absent">{charts.absent_html(lang)}</div></section>
+<section><h2>{e(say["panel_room"])}</h2>
+ <p class="at-note">{e(say["room_text"])} <a href="/follow?lang={lang}" target="_blank">/follow</a></p>
+ <div class="at-controls"><label>{e(say["token"])}<input id="attach-token" type="password" style="width: 200px"></label>
+ <button id="attach-room-send">{e(say["room_send"])}</button></div>
+ <p id="attach-room-status" class="at-note"></p><div id="attach-room-summary"></div></section>
+<section><h2>{e(say["panel_switch"])}</h2>
+ <p class="at-note">{e(say["switch_local" if local else "switch_token"])}</p>
+ <div class="at-controls"><label style="flex: 1 1 260px">{e(say["url"])}<input id="attach-url" style="width: 100%"
+  value="{e(url)}"></label>
+ <label>{e(say["api_key"])}<input id="attach-key" type="password" style="width: 140px"></label>
+ <label>{e(say["model"])}<input id="attach-model" style="width: 160px"></label>
+ <button id="attach-switch">{e(say["switch"])}</button></div>
+ <p id="attach-switch-status" class="at-note"></p></section>
 </main><script src="/lab-static/attach.js"></script></body></html>"""

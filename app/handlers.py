@@ -16,7 +16,8 @@ from . import commands as cmd
 from . import protocol, render
 from .delivery import Delivery, View, status_line
 from .i18n import Refusal, lang_of, t
-from .live import Hub, Lecture
+from .live import Hub, Lecture, ask_followers_from_thread
+from .panels.room_load import summary_html
 from .session import DEMO_PARAMS, SessionRegistry, request_key as _key
 
 class LabHandlers:
@@ -272,14 +273,37 @@ class LabHandlers:
 
     def lecture_status(self, lang, request: gr.Request = None):
         """Who presents and how many follow, for the lecture box (polled by the page's timer)."""
+        return self._lecture_html(lang, _key(request))
+
+    def _lecture_html(self, lang, key, note: str = "") -> str:
         if self.hub is None:
             return ""
-        me = self.lecture is not None and self.lecture.is_presenter(_key(request))
+        me = self.lecture is not None and self.lecture.is_presenter(key)
         state = t("you_present", lang) if me else (t("other_presents", lang) if self.hub.presenter else
                                                    t("nobody_presents", lang))
+        load = ""
+        if me and self.lecture.load is not None:  # the presenter sees the room load's summary
+            load = summary_html(self.lecture.load.summary(), lang_of(lang), note)
         return (f'<div class="il-lecture-status">{html.escape(state)} · '
                 f'{html.escape(t("viewers", lang))}: <b id="viewer-count">{self.hub.viewer_count}</b> · '
-                f'<a href="/follow?lang={lang_of(lang)}" target="_blank">/follow</a></div>')
+                f'<a href="/follow?lang={lang_of(lang)}" target="_blank">/follow</a>{load}</div>')
+
+    def room_load(self, prompt, max_tokens, temperature, lang, request: gr.Request = None):
+        """Every follower's page sends one request now (the presenting tab only); the lecture box follows it."""
+        key = _key(request)
+        try:
+            if self.lecture is None or self.lecture.load is None:
+                raise Refusal("no_lecture")
+            if not self.lecture.is_presenter(key):
+                raise Refusal("load_not_presenter")
+            out = ask_followers_from_thread(self.hub, self.lecture.load, self.lecture.load_request(), prompt,
+                                            max_tokens, temperature)
+            note = t("load_sent", lang).format(round=out["round"], n=out["asked"])
+        except Refusal as exc:
+            note = exc.text(lang)
+        if not self.lecture or not self.lecture.is_presenter(key):
+            return f'<div class="il-lecture-status">{html.escape(note)}</div>'
+        return self._lecture_html(lang, key, note)
 
     # ---- the page's frame -----------------------------------------------------------------------------
     def status(self, lang):

@@ -1458,14 +1458,119 @@ UI = {
                               "completion tokens",
                         "ru": "завершено ({reason}): токенов {n}; сервер насчитал {prompt} токенов запроса и "
                               "{completion} токенов ответа"},
-    "attach.no_tokenizer": {"en": "The model's tokenizer could not be loaded here ({why}); the server's answers are "
-                                  "still drawn below.",
-                            "ru": "Токенизатор модели здесь загрузить не удалось ({why}); ответы сервера всё равно "
-                                  "показаны ниже."},
+    "attach.no_tokenizer": {"en": "The model's tokenizer could not be loaded here ({why}), and the server answers "
+                                  "no tokenize endpoint (/tokenize as vLLM and this lab, /extras/tokenize as "
+                                  "llama-cpp-python); the server's answers are still drawn below.",
+                            "ru": "Токенизатор модели здесь загрузить не удалось ({why}), а токенизировать сервер "
+                                  "не умеет (нет ни /tokenize, как у vLLM и этой лаборатории, ни /extras/tokenize, "
+                                  "как у «llama-cpp-python»); ответы сервера всё равно показаны ниже."},
     "attach.token_count": {"en": "{n} tokens through the model's own tokenizer and chat template (the server "
                                  "counted {server})",
                            "ru": "токенов: {n} — по собственному токенизатору и шаблону чата модели (сервер "
                                  "насчитал {server})"},
+    "attach.token_count_server": {"en": "{n} tokens from the server's own /tokenize, its chat template applied (the "
+                                        "template's text is not returned; the model's tokenizer could not be loaded "
+                                        "here: {why}). The server counted {server}",
+                                  "ru": "токенов: {n} — от собственного /tokenize сервера, с его шаблоном чата (текст "
+                                        "шаблона сервер не возвращает; токенизатор модели здесь загрузить не "
+                                        "удалось: {why}). Сервер насчитал {server}"},
+    "attach.token_count_raw": {"en": "{n} tokens of the prompt's own text from the server's /extras/tokenize: the "
+                                     "server wraps it in a chat template it does not show, so it counted {server} "
+                                     "(the model's tokenizer could not be loaded here: {why})",
+                               "ru": "токенов: {n} — сам текст запроса по /extras/tokenize сервера: сервер "
+                                     "оборачивает его в шаблон чата, которого не показывает, поэтому насчитал "
+                                     "{server} (токенизатор модели здесь загрузить не удалось: {why})"},
+    # ---- attach mode's room load and its field for another server (app/attach_room.py, app/attach_server.py)
+    "attach.panel_room": {"en": "7 · Load from the room", "ru": "7 · Нагрузка от зала"},
+    "attach.room_text": {"en": "Followers open this page's /follow on their own devices. With the presenter token "
+                               "(printed when this page's server started), every follower's page sends the prompt "
+                               "above once, at the same moment, to the attached server — through this page's "
+                               "server, which keeps the key — and shows its own answer and time to first token; "
+                               "the summary below adds them up beside the server's /metrics.",
+                         "ru": "Слушатели открывают /follow этой страницы на своих устройствах. С токеном ведущего "
+                               "(печатается при запуске сервера этой страницы) каждая страница слушателя один раз и "
+                               "в один и тот же момент отправляет запрос выше подключённому серверу — через сервер "
+                               "этой страницы, который хранит ключ, — и показывает свой ответ и время до первого "
+                               "токена; ниже — итог по залу рядом с /metrics сервера."},
+    "attach.token": {"en": "presenter token", "ru": "токен ведущего"},
+    "attach.room_send": {"en": "Every follower sends the prompt now", "ru": "Каждый слушатель отправляет запрос"},
+    "attach.follow_ready": {"en": "connected · this page sends one request when the presenter asks the room",
+                            "ru": "подключено · эта страница отправит запрос, когда ведущий попросит зал"},
+    "attach.follow_text": {"en": "The lab is attached to a serving engine. When the presenter asks the room, this page "
+                                 "sends it one request and shows the answer and the time to its first token, "
+                                 "measured in this browser.",
+                           "ru": "Лаборатория подключена к серверу модели. Когда ведущий попросит зал, эта страница "
+                                 "отправит ему один запрос и покажет ответ и время до первого токена, измеренное в "
+                                 "этом браузере."},
+    "attach.panel_switch": {"en": "8 · Attach to another server", "ru": "8 · Подключиться к другому серверу"},
+    "attach.switch_local": {"en": "This page's server listens on this machine only, so the field needs no token. "
+                                  "(Listening on a network address, it would ask for the presenter token: a public "
+                                  "lab must not become a way to reach any address.)",
+                            "ru": "Сервер этой страницы слушает только этот компьютер, поэтому токен не нужен. (На "
+                                  "сетевом адресе понадобится токен ведущего: открытая лаборатория не должна "
+                                  "становиться дорогой к любому адресу.)"},
+    "attach.switch_token": {"en": "This page's server listens on a network address: pointing it at another server "
+                                  "needs the presenter token (section 7), so that a public lab does not become a "
+                                  "way to reach any address.",
+                            "ru": "Сервер этой страницы слушает сетевой адрес: чтобы направить его к другому "
+                                  "серверу, нужен токен ведущего (раздел 7) — открытая лаборатория не должна "
+                                  "становиться дорогой к любому адресу."},
+    "attach.url": {"en": "server URL", "ru": "адрес сервера"},
+    "attach.api_key": {"en": "its API key (optional)", "ru": "его ключ API (необязательно)"},
+    "attach.model": {"en": "model (optional)", "ru": "модель (необязательно)"},
+    "attach.switch": {"en": "Attach", "ru": "Подключить"},
+    "attach.switched": {"en": "attached to {url} · model {model}: reloading…",
+                        "ru": "подключено к {url} · модель {model}: перезагружаем…"},
+    # ---- load from the room (app/room_load.py): the presenter's button, its summary, the follower's own request
+    "room_owner.follower": {"en": "follower", "ru": "слушатель"},
+    "load_btn": {"en": "Every follower sends one request now", "ru": "Каждый слушатель отправляет один запрос"},
+    "load_sent": {"en": "Room load {round}: {n} followers' pages were asked to send the prompt above at once.",
+                  "ru": "Нагрузка от зала {round}: страницы слушателей ({n}) одновременно отправляют запрос выше."},
+    "load_nobody": {"en": "Nobody follows the lecture yet: the room load needs followers at /follow.",
+                    "ru": "Лекцию пока никто не смотрит: для нагрузки от зала нужны слушатели на /follow."},
+    "load_cooldown": {"en": "The last room load began moments ago: wait {wait} s before the next.",
+                      "ru": "Предыдущая нагрузка от зала началась только что: подождите {wait} с."},
+    "load_prompt": {"en": "The room load's prompt must be 1 to {max} characters.",
+                    "ru": "Запрос для нагрузки от зала должен быть длиной от 1 до {max} символов."},
+    "load_numbers": {"en": "The room load needs max tokens of at least 1 (at most {max} are used) and a "
+                           "temperature from 0 to 2.",
+                     "ru": "Для нагрузки от зала нужно не меньше 1 токена (используется не больше {max}) и "
+                           "температура от 0 до 2."},
+    "load_not_presenter": {"en": "Only the presenter can ask the room to send requests: present first (the "
+                                 "presenter token).",
+                           "ru": "Просить зал отправить запросы может только ведущий: сначала начните показ (токен "
+                                 "ведущего)."},
+    "load.none": {"en": "No room load yet: the button asks every follower's page to send one request at the same "
+                        "moment, and this box shows how the engine took it.",
+                  "ru": "Нагрузки от зала ещё не было: кнопка просит каждую страницу слушателя отправить один "
+                        "запрос в один и тот же момент, а здесь видно, как движок с этим справился."},
+    "load.round": {"en": "Room load {round}: {answered} of {asked} followers answered",
+                   "ru": "Нагрузка от зала {round}: ответили {answered} из {asked} слушателей"},
+    "load.failed": {"en": "{n} failed", "ru": "не удалось: {n}"},
+    "load.waiting": {"en": "waiting for the others… ({s} s)", "ru": "ждём остальных… ({s} с)"},
+    "load.ttft": {"en": "time to first token, measured in the followers' browsers: median {p50} ms, 95th "
+                        "percentile {p95} ms",
+                  "ru": "время до первого токена в браузерах слушателей: медиана {p50} мс, 95-й процентиль "
+                        "{p95} мс"},
+    "load.throughput": {"en": "{tokens} tokens generated for them in {window} s: {tok_s} tok/s together",
+                        "ru": "для них сгенерировано токенов: {tokens} за {window} с — {tok_s} tok/s вместе"},
+    "load.batches_room": {"en": "the engine ran {steps} steps with their requests: batches of up to {max} "
+                                "sequences (mean {mean}), up to {ours} of the followers' requests in one step",
+                          "ru": "движок выполнил с их запросами шагов: {steps}; в батче до {max} "
+                                "последовательностей (в среднем {mean}), до {ours} запросов слушателей за шаг"},
+    "load.batches_metrics": {"en": "the server's /metrics: up to {max} requests running at once (mean {mean} over "
+                                   "{n} readings)",
+                             "ru": "по /metrics сервера: до {max} запросов выполнялись одновременно (в среднем "
+                                   "{mean} по {n} замерам)"},
+    "follow.load_title": {"en": "Your request · room load {round} (the presenter asked {of} pages at once)",
+                          "ru": "Ваш запрос · нагрузка от зала {round} (ведущий попросил страниц: {of})"},
+    "follow.load_sending": {"en": "sending…", "ru": "отправляем…"},
+    "follow.load_ttft": {"en": "first token after {ms} ms (measured in this browser)",
+                         "ru": "первый токен через {ms} мс (измерено в этом браузере)"},
+    "follow.load_done": {"en": "{tokens} tokens in {s} s", "ru": "токенов: {tokens} за {s} с"},
+    "follow.load_failed": {"en": "the request failed: {why}", "ru": "запрос не удался: {why}"},
+    "follow.load_skipped": {"en": "The presenter asked the room for requests; this page was not picked this time.",
+                            "ru": "Ведущий попросил зал отправить запросы; эту страницу на этот раз не выбрали."},
 }
 
 # the stage panels in page order (their title and explanation: "panel.<key>.title", "panel.<key>.text")

@@ -33,7 +33,7 @@ from collections import deque
 from . import commands as cmd
 from . import protocol
 from .i18n import Refusal
-from .protocol import BOUND, ERROR, EVENT, FRAME, HELLO, OK, PAYLOAD, RESYNC
+from .protocol import BOUND, ERROR, EVENT, FRAME, HELLO, LOAD, OK, PAYLOAD, RESYNC
 
 log = logging.getLogger("inferlab")
 
@@ -126,6 +126,7 @@ class Channel:
         self.frames_skipped = 0
         self.address: str | None = None  # the client's IP address (wrong presenter tokens are limited per address)
         self.wrong_tokens = 0
+        self.load_ticket: str | None = None  # a follower's ticket for the latest room-load round (app/room_load.py)
 
     def send_message(self, text: str) -> None:
         if len(self.messages) >= MAX_PENDING_EVENTS:
@@ -322,6 +323,8 @@ class Lecture:
         self.scripted = None  # the session a script drives over /ws/present when no tab presents (no tab's)
         self.view: tuple = ("en", 0, 0, "", None)
         self.sent_step = -1  # the last step whose event went out
+        self.load = None  # app/room_load.RoomLoad: every follower's page sends one request (set by the server)
+        self.load_request = lambda: {}  # where those pages send it: {"url", "model"}
         self._dirty = threading.Event()
         self._thread: threading.Thread | None = None
         hub.on_join = self.refresh
@@ -406,18 +409,68 @@ def event_summary(ev) -> dict:
                       "num_tokens": s.num_tokens, "finished": s.finished} for s in ev.seqs]}
 
 
+# ---- load from the room: every follower's page sends one request at the same moment (app/room_load.py) ------
+async def ask_followers(hub: Hub, load, request: dict, prompt, max_tokens, temperature) -> dict:
+    """Start a round and hand each follower's page its own ticket (in the event loop, where the viewers live).
+    `request` is the same for every page: where to send ("url") and the model's name. Returns what the
+    presenter is told: the round's number and how many pages were asked."""
+    viewers = [ch for ch in hub.viewers if ch.alive]
+    rnd, tickets = load.start(prompt, max_tokens, temperature, len(viewers))
+    common = {"round": rnd.number, "of": len(tickets), "prompt": rnd.prompt, "max_tokens": rnd.max_tokens,
+              "temperature": rnd.temperature, **request}
+    for i, ch in enumerate(viewers):
+        ch.load_ticket = tickets[i] if i < len(tickets) else None
+        if ch.load_ticket is None:
+            ch.send_message(protocol.encode(LOAD, round=rnd.number, skipped=True))
+        else:
+            ch.send_message(protocol.encode(LOAD, ticket=ch.load_ticket, follower=i + 1, **common))
+    log.info("room load %d: %d followers asked", rnd.number, len(tickets))
+    return {"round": rnd.number, "asked": len(tickets), "followers": len(viewers)}
+
+
+def ask_followers_from_thread(hub: Hub, load, request: dict, prompt, max_tokens, temperature) -> dict:
+    """ask_followers from a worker thread (a Gradio handler): run in the event loop, waited for here."""
+    if hub.loop is None:  # no socket has ever opened: nobody follows
+        raise Refusal("load_nobody")
+    coro = ask_followers(hub, load, request, prompt, max_tokens, temperature)
+    return asyncio.run_coroutine_threadsafe(coro, hub.loop).result(timeout=30)
+
+
+def follower_message(load):
+    """A viewer socket's handler: a follower page may report how its room-load request went; anything else is
+    answered "read-only". The report counts for the ticket this socket was handed, never one the page names."""
+    async def handle(ch: Channel, data: str) -> None:
+        try:
+            msg = protocol.decode(data, protocol.VIEWER_OPS)
+        except ValueError:
+            ch.send_message(protocol.encode(ERROR, error="viewers are read-only: only the presenter drives the "
+                                                         "engine"))
+            return
+        try:
+            if load is None:
+                raise ValueError("this server has no room load")
+            load.report(ch.load_ticket, msg.get("round"), msg)
+            ch.send_message(protocol.encode(OK, op="load_report"))
+        except ValueError as exc:
+            ch.send_message(protocol.encode(ERROR, error=str(exc)))
+    return handle
+
+
 class PresenterSocket:
     """`/ws/present`: a script (or a second screen) drives the lecture session over a websocket.
 
     The first message must be {"op": "auth", "token": ...}; then {"op": "start", "prompt": ..., "chat": true,
-    "params": {...SamplingParams fields}}, {"op": "step", "count": n}, {"op": "reset"}. Each reply is
-    {"type": "ok", ...} or {"type": "error", "error": ...}; steps reach the viewers like a presenting tab's.
+    "params": {...SamplingParams fields}}, {"op": "step", "count": n}, {"op": "reset"}, {"op": "load", "prompt",
+    "max_tokens", "temperature"} (every follower's page sends one request now), {"op": "load_summary"}. Each
+    reply is {"type": "ok", ...} or {"type": "error", "error": ...}; steps reach the viewers like a presenting
+    tab's.
     """
 
     MAX_WRONG_TOKENS = 3  # per socket; the address-wide limit is the hub's TokenGuard
 
-    def __init__(self, hub: Hub, lecture: Lecture, make_session):
+    def __init__(self, hub: Hub, lecture: Lecture, make_session, load=None, load_request=None):
         self.hub, self.lecture, self.make_session = hub, lecture, make_session
+        self.load, self.load_request = load, load_request  # RoomLoad; () -> {"url", "model"} for the pages
 
     async def handle(self, ch: Channel, data: str) -> None:
         try:
@@ -433,6 +486,16 @@ class PresenterSocket:
                 reply = protocol.encode(OK, op="auth")
             elif ch.role != "presenter":
                 raise ValueError("authenticate first: {\"op\": \"auth\", \"token\": ...}")
+            elif op in ("load", "load_summary") and self.load is None:
+                raise ValueError("this server has no room load")
+            elif op == "load":
+                reply = protocol.encode(OK, op=op, **await ask_followers(
+                    self.hub, self.load, self.load_request(), msg.get("prompt"), msg.get("max_tokens", 32),
+                    msg.get("temperature", 0)))
+            elif op == "load_summary":
+                reply = protocol.encode(OK, op=op, summary=self.load.summary())
+            elif self.lecture is None:
+                raise ValueError("this server runs no engine to drive (attach mode): use load and load_summary")
             else:
                 reply = protocol.encode(OK, op=op, **await asyncio.to_thread(self._run, self.command(msg)))
         except Exception as exc:  # noqa: BLE001 - every failure is a reply, never a dropped socket

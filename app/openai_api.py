@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from engine.tokenizer import token_bytes
+
 from .metrics_api import ApiMetrics, render
 from .openai_run import RoomRun
-from .openai_schema import ApiError, ApiLimits, Job, parse_chat, parse_completion, tokenize
+from .openai_schema import ApiError, ApiLimits, Job, parse_chat, parse_completion, parse_tokenize, tokenize
 
 log = logging.getLogger("inferlab")
 
@@ -41,6 +43,9 @@ class ApiSettings:
     api_key: str | None = None
     why_off: str = ""  # the 403's message when not enabled
     limits: ApiLimits = field(default_factory=ApiLimits)
+    # a follower page's one request of a room load (app/room_load.py) may come with its one-time ticket instead
+    # of the key, even where the API is off by default: the presenter's token started the round. Not with --api off.
+    room_load: bool = True
 
 
 def decide(host: str, api_key: str | None, mode: str = "auto", space: bool = False) -> ApiSettings:
@@ -49,7 +54,7 @@ def decide(host: str, api_key: str | None, mode: str = "auto", space: bool = Fal
     key = api_key or None
     public = space or host not in LOOPBACK
     if mode == "off":
-        return ApiSettings(False, None, "the OpenAI API is turned off on this server (--api off)")
+        return ApiSettings(False, None, "the OpenAI API is turned off on this server (--api off)", room_load=False)
     if mode == "on" or key or not public:
         return ApiSettings(True, key)
     return ApiSettings(False, None, "the OpenAI API is off on this public deployment; the operator can turn it on "
@@ -98,8 +103,9 @@ def served_name(model_id: str) -> str:
     return model_id.split(" (")[0]
 
 
-def mount(app, registry, holder, settings: ApiSettings):
-    """Declare the routes on `app` (before Gradio's catch-all mount). Returns the ApiMetrics it counts into."""
+def mount(app, registry, holder, settings: ApiSettings, room_load=None):
+    """Declare the routes on `app` (before Gradio's catch-all mount). Returns the ApiMetrics it counts into.
+    `room_load`: the lecture's RoomLoad, whose one-time tickets stand in for the key (one request each)."""
     from fastapi.responses import JSONResponse, PlainTextResponse
 
     limits = settings.limits
@@ -110,7 +116,14 @@ def mount(app, registry, holder, settings: ApiSettings):
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
-    def check_access(request) -> None:
+    def check_access(request, tickets: bool = False) -> str | None:
+        """Raise unless the request may call; returns the room-load ticket it carries instead of the key (taken
+        only where `tickets`: the chat route a follower's page calls)."""
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if tickets and room_load is not None and scheme.lower() == "bearer" and room_load.is_ticket(token.strip()):
+            if not settings.room_load:
+                raise ApiError(settings.why_off, None, "api_disabled", 403, "permission_error")
+            return token.strip()
         if not settings.enabled:
             raise ApiError(settings.why_off, None, "api_disabled", 403, "permission_error")
         if settings.api_key:
@@ -119,6 +132,7 @@ def mount(app, registry, holder, settings: ApiSettings):
                                                                      settings.api_key.encode()):
                 raise ApiError("missing or wrong API key: send the header Authorization: Bearer <key>", None,
                                "invalid_api_key", 401)
+        return None
 
     def ready():
         room = registry.room
@@ -151,7 +165,7 @@ def mount(app, registry, holder, settings: ApiSettings):
 
     async def serve(request: Request, kind: str):
         try:
-            check_access(request)
+            ticket = check_access(request, tickets=kind == "chat")
             body = await _read_json(request, limits.max_body_bytes)
             room = ready()
             parse = parse_chat if kind == "chat" else parse_completion
@@ -159,16 +173,32 @@ def mount(app, registry, holder, settings: ApiSettings):
             if job.model not in names():
                 raise ApiError(f"the model {job.model!r} does not exist here; GET /v1/models lists "
                                f"{served_name(holder.model_id)!r}", "model", "model_not_found", 404)
-            client = _client(request)
-            admission.acquire(client)  # before the tokenizer's work: a client past its limit costs nothing more
+            if ticket is not None:  # bounded by the round (one request per follower), not by the client's address
+                _redeem(room_load, ticket, job)
+                client = None
+            else:
+                client = _client(request)
+                admission.acquire(client)  # before the tokenizer's work: a client past its limit costs nothing more
         except ApiError as exc:
             return error(exc)
         run = None
-        done = _once(lambda: (run and run.close(), admission.release(client)))
+
+        def finish():
+            if run is not None:
+                run.close()
+            if ticket is not None:
+                complete = run is not None and len(run.finish) == len(run.tokens)
+                room_load.served(ticket, run.owner if run else "", sum(run.tokens) if run else 0,
+                                 "" if complete else "the request did not finish")
+            if client is not None:
+                admission.release(client)
+        done = _once(finish)
         try:
             job = await asyncio.to_thread(_tokenize, job, room.engine, limits)
-            run = RoomRun(room, job, metrics)
+            run = RoomRun(room, job, metrics, kind="api" if ticket is None else "follower")
             await run.begin()
+            if ticket is not None:
+                room_load.owned(ticket, run.owner)
         except ApiError as exc:
             done()
             return error(exc)
@@ -186,6 +216,21 @@ def mount(app, registry, holder, settings: ApiSettings):
         finally:
             done()
         return JSONResponse(answer, headers=owner) if isinstance(answer, dict) else answer
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request):
+        """vLLM's /tokenize: the token ids (and their text with return_token_strs) of a prompt, or of messages
+        through the model's chat template; what attach mode reads when it cannot load a server's tokenizer."""
+        try:
+            check_access(request)
+            body = await _read_json(request, limits.max_body_bytes)
+            room = ready()
+            model, prompt, generation, strs = parse_tokenize(body, limits)
+            if model is not None and model not in names():
+                raise ApiError(f"the model {model!r} does not exist here", "model", "model_not_found", 404)
+            return await asyncio.to_thread(_tokens_answer, room.engine, prompt, generation, strs, limits)
+        except ApiError as exc:
+            return error(exc)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -212,6 +257,42 @@ class _RunStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.on_close()
+
+
+def _tokens_answer(engine, prompt, generation: bool, strs: bool, limits: ApiLimits) -> dict:
+    tok = engine.tokenizer
+    if prompt.messages is not None:
+        text = tok.apply_chat_template(list(prompt.messages), tokenize=False, add_generation_prompt=generation)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = engine.encode(prompt.text, chat=False).token_ids if prompt.text else []
+    if len(ids) > limits.max_prompt_tokens:
+        raise ApiError(f"the prompt is {len(ids)} tokens; this server takes at most {limits.max_prompt_tokens}",
+                       "prompt", "context_length_exceeded")
+    out = {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": list(ids)}
+    if strs:  # each token's bytes as text, as the engine's token chips show them
+        out["token_strs"] = [token_bytes(tok, i).decode("utf-8", errors="replace") for i in ids]
+    return out
+
+
+def _redeem(room_load, ticket: str, job: Job) -> None:
+    """A room-load ticket's one request: a streaming chat request for one answer to the round's prompt within its
+    max_tokens. The ticket is spent only by a request of that shape."""
+    if job.kind != "chat" or not job.stream or job.n != 1 or len(job.prompts) != 1:
+        raise ApiError("a room-load ticket is good for one streaming chat request with n = 1", None,
+                       "room_load_ticket", 403, "permission_error")
+    rnd = room_load.round
+    if rnd is None or job.prompts[0].messages != ({"role": "user", "content": rnd.prompt},):
+        raise ApiError("a room-load ticket is good for the round's own prompt only", "messages", "room_load_ticket",
+                       403, "permission_error")
+    cap = rnd.max_tokens
+    if not job.max_tokens_given or job.params.max_tokens > cap:
+        raise ApiError(f"a room-load request must ask for at most {cap} tokens (max_tokens)", "max_tokens",
+                       "room_load_ticket", 400)
+    try:
+        room_load.redeem(ticket)
+    except ValueError as exc:
+        raise ApiError(str(exc), None, "room_load_ticket", 403, "permission_error") from None
 
 
 def _render(room, metrics: ApiMetrics) -> str:

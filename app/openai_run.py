@@ -66,8 +66,9 @@ class Delta:
 
 
 class RoomRun:
-    def __init__(self, room, job: Job, metrics):
+    def __init__(self, room, job: Job, metrics, kind: str = "api"):
         self.room, self.job, self.metrics = room, job, metrics
+        self.kind = kind  # the owner's label in the room: "api 3", or "follower 2" for a room load's request
         self.engine = room.engine
         self.owner: str | None = None
         self.choice_of: dict[int, int] = {}  # seq id -> choice index
@@ -87,7 +88,7 @@ class RoomRun:
     def start(self) -> None:
         """Join, add every choice's sequence and grant them steps (blocking: the engine's lock may be held by
         a running step). Raises ApiError when the room refuses; nothing is left behind then."""
-        owner = self.room.join("api")
+        owner = self.room.join(self.kind)
         try:
             for index, p, params in self.job.choices():
                 prompt = self.job.prompts[p]

@@ -156,6 +156,28 @@ def _job(kind, body, prompts, limits, vocab_size, tokens_key, default_tokens, lo
                stream=stream, include_usage=include_usage, logprobs=logprobs)
 
 
+# POST /tokenize, in vLLM's shape (a small extension of the API: attach mode reads it when a server's tokenizer
+# cannot be loaded on the attaching machine): {"prompt"} as-is, or {"messages"} through the chat template.
+TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_generation_prompt", "add_special_tokens", "return_token_strs"}
+
+
+def parse_tokenize(body, limits: ApiLimits) -> tuple[str | None, Prompt, bool, bool]:
+    """(model or None, the prompt, add_generation_prompt, return_token_strs), checked as a chat body is."""
+    body = _object(body)
+    _known(body, TOKENIZE_FIELDS)
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise ApiError("model must be the name GET /v1/models lists", "model")
+    if ("prompt" in body) == ("messages" in body):
+        raise ApiError("give either prompt (a string) or messages", "prompt")
+    if "messages" in body:
+        prompt = Prompt(messages=_messages(body["messages"], limits))
+    else:
+        prompt = Prompt(text=_text(body["prompt"], "prompt", [limits.max_prompt_chars]))
+    _bool(body, "add_special_tokens", False)  # checked, and neutral: SmolLM-style tokenizers add none
+    return model, prompt, _bool(body, "add_generation_prompt", True), _bool(body, "return_token_strs", False)
+
+
 # ---- tokens -----------------------------------------------------------------------------------------------
 def tokenize(job: Job, engine, limits: ApiLimits) -> Job:
     """The job with every prompt's token ids (chat: through the model's own chat template) and each prompt's

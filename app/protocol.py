@@ -20,7 +20,10 @@ UNBOUND = "unbound"  # it has gone: the page's next Step goes through Gradio
 RESYNC = "resync"  # a viewer fell behind: its backlog was dropped, the next frame is the current state
 ERROR = "error"  # {"error": one line}
 OK = "ok"  # {"op", ...}: a presenter command was done
-TYPES = (PAYLOAD, FRAME, EVENT, HELLO, BOUND, UNBOUND, RESYNC, ERROR, OK)
+# {"round", "ticket", "follower", "of", "url", "model", "prompt", "max_tokens", "temperature"}: the presenter asks
+# this follower's page to send one request now (app/room_load.py); {"round", "skipped": true}: not this one
+LOAD = "load"
+TYPES = (PAYLOAD, FRAME, EVENT, HELLO, BOUND, UNBOUND, RESYNC, ERROR, OK, LOAD)
 
 # ---- client -> server ("op") ----------------------------------------------------------------------------
 # a tab: {"op": "step", "inputs": {STEP_CONTROLS names...}}, {"op": "focus", "seq": id, "inputs": {view...}},
@@ -29,8 +32,11 @@ TYPES = (PAYLOAD, FRAME, EVENT, HELLO, BOUND, UNBOUND, RESYNC, ERROR, OK)
 # {view...}: VIEW_CONTROLS, and "visible": '{"ids": [chart ids on screen], "near": [just outside it]}'
 TAB_OPS = ("step", "focus", "view")
 # the presenter's script: {"op": "auth", "token"}, {"op": "start", "prompt", "chat", "system", "params"},
-# {"op": "step", "count"}, {"op": "reset"}
-PRESENTER_OPS = ("auth", "start", "step", "reset")
+# {"op": "step", "count"}, {"op": "reset"}, {"op": "load", "prompt", "max_tokens", "temperature"} (every follower
+# sends one request now), {"op": "load_summary"} (the latest round as the room saw it)
+PRESENTER_OPS = ("auth", "start", "step", "reset", "load", "load_summary")
+# a follower's page: {"op": "load_report", "round", "ok", "ttft_ms", "tokens", "error"}: how its request went
+VIEWER_OPS = ("load_report",)
 
 # ---- the page's elements that the scripts read or press -------------------------------------------------
 IDS = {
@@ -44,6 +50,7 @@ IDS = {
     "tokens": "html-tokens",  # the generated token chips
     "panel_prefix": "panel-", "chart_class": "il-chart",
     "follow_status": "follow-status", "follow_last": "follow-last",
+    "follow_load": "follow-load",  # the follower's own request of a room load: its answer and TTFT
 }
 FORCE_CHARTS = ("chart-logits", "chart-sampling")  # charts whose bars name a token id (customdata)
 

@@ -88,7 +88,9 @@ def follow_html(lang: str = "en") -> str:
             '</head><body class="il-follow"><header class="il-follow-head"><h1>InferLab</h1>'
             f'<span id="follow-status" class="il-follow-status">{html.escape(say["connecting"])}</span>'
             '<span id="follow-last" class="il-follow-last"></span></header>'
+            f'<div id="follow-load" class="il-follow-load" hidden></div>'
             f'<main class="il-main">{panels_html()}</main>'
+            '<script src="/lab-static/follow_load.js"></script>'
             '<script src="/lab-static/follow.js"></script></body></html>')
 
 
@@ -119,7 +121,8 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
 
     from . import downloads, openai_api, render
     from .delivery import RoomPusher
-    from .live import Hub, Lecture, PresenterSocket
+    from .live import Hub, Lecture, PresenterSocket, follower_message
+    from .room_load import RoomLoad, room_batches
     from .session import LabSession, SessionRegistry
     from .ui import build_demo
 
@@ -181,7 +184,13 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
             raise RuntimeError("the model is still loading")
         return LabSession.create(registry.room, kind="lecture")  # the lecture is one more owner in the room
 
-    presenter = PresenterSocket(hub, lecture, lecture_session)
+    # load from the room: the presenter asks every follower's page to send one request to this lab's /v1 at once
+    room_load = RoomLoad(lambda rnd, owners: room_batches(registry.room.records() if registry.room else [], rnd,
+                                                          owners))
+    lecture.load = room_load
+    lecture.load_request = lambda: {"url": "/v1/chat/completions",
+                                    "model": openai_api.served_name(holder.model_id)}
+    presenter = PresenterSocket(hub, lecture, lecture_session, room_load, lecture.load_request)
 
     def tab_closed(key):  # a closed (or swept) tab stops presenting
         if lecture.is_presenter(key):
@@ -204,12 +213,11 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
         # this tab's own payloads (see app/live.py); the ticket came to the page over its own Gradio event
         await hub.serve(ws, "tab", ticket=ticket[:64], on_message=tab_message)
 
-    async def read_only(ch, data):
-        ch.send_message('{"type": "error", "error": "viewers are read-only: only the presenter drives the engine"}')
+    follower_reports = follower_message(room_load)  # read-only, but for a room load's report
 
     @app.websocket("/ws/follow")
     async def follow_socket(ws: WebSocket):
-        await hub.serve(ws, "viewer", on_message=read_only)
+        await hub.serve(ws, "viewer", on_message=follower_reports)
 
     @app.websocket("/ws/present")
     async def present_socket(ws: WebSocket):
@@ -221,7 +229,8 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
 
     # the OpenAI-compatible API and /metrics: requests are owners in the same room as the tabs
     app.state.api_settings = api or openai_api.ApiSettings()
-    app.state.api_metrics = openai_api.mount(app, registry, holder, app.state.api_settings)
+    app.state.api_metrics = openai_api.mount(app, registry, holder, app.state.api_settings, room_load)
+    app.state.room_load = room_load
 
     # not "/static": Gradio serves its own fonts and scripts there, and a mount declared first would hide them
     app.mount("/lab-static", StaticFiles(directory=str(STATIC)), name="lab-static")

@@ -226,6 +226,8 @@ def _lecture_box(c) -> None:
         with gr.Row():
             c.present_btn = gr.Button(t("present", "en"), elem_id="present", size="sm")
             c.unpresent_btn = gr.Button(t("unpresent", "en"), elem_id="unpresent", size="sm")
+        # every follower's page sends the prompt above once, at the same moment (app/room_load.py)
+        c.load_btn = gr.Button(t("load_btn", "en"), elem_id="room-load", size="sm")
 
 
 def _trace_box(c) -> None:
@@ -361,6 +363,8 @@ def _wire_lecture(c, h: LabHandlers) -> None:
         h.lecture_status, c.lang, c.lecture_info)
     c.unpresent_btn.click(h.stop_presenting, c.lang, c.payload, show_progress="hidden").then(
         h.lecture_status, c.lang, c.lecture_info)
+    c.load_btn.click(h.room_load, [c.prompt, c.max_tokens, c.temperature, c.lang], c.lecture_info,
+                     show_progress="hidden")
     # polled only while the lecture box is open: an idle page should not cost the engine CPU time
     timer = gr.Timer(3.0, active=False)
     timer.tick(h.lecture_status, c.lang, c.lecture_info, show_progress="hidden")
@@ -410,7 +414,8 @@ def _wire_language(c, h: LabHandlers, tools: ToolHandlers) -> None:
               (c.demo_btn, "value", "demo_preempt"),
               (c.force_btn, "value", "force_btn"), (c.rewind_btn, "value", "rewind_btn"),
               (c.lecture_box, "label", "lecture"), (c.token, "label", "token"), (c.present_btn, "value", "present"),
-              (c.unpresent_btn, "value", "unpresent"), (c.spec_acc, "label", "spec_box"),
+              (c.unpresent_btn, "value", "unpresent"), (c.load_btn, "value", "load_btn"),
+              (c.spec_acc, "label", "spec_box"),
               (c.spec_on, "label", "spec_on"),
               (c.spec_k, "label", "spec_k"), (c.spec_exit, "label", "spec_exit"),
               (c.spec_adaptive, "label", "spec_adaptive"), (c.spec_measure, "value", "spec_measure"),

@@ -84,3 +84,60 @@
   metrics();
   setInterval(metrics, 2000);
 })();
+
+// Lecture mode's room load and the field that points the page at another server (app/attach_room.py,
+// app/attach_server.py). The presenter token goes to this page's own server only.
+(function () {
+  const cfg = window.ATTACH || {lang: "en"};
+  const $ = (id) => document.getElementById(id);
+  const room = {sent: 0, summaries: 0, summary: null};
+  window.attach.room = room;
+
+  async function post(path, body) {
+    const r = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"},
+                                 body: JSON.stringify({...body, lang: cfg.lang})});
+    const data = await r.json();
+    if (!r.ok) throw new Error(data.error || r.statusText);
+    return data;
+  }
+
+  async function summary() {
+    const r = await fetch(`/attach/room/summary?lang=${cfg.lang}`);
+    if (!r.ok) return;
+    const data = await r.json();
+    $("attach-room-summary").innerHTML = data.html;
+    room.summary = data.summary;
+    room.summaries += 1;
+  }
+
+  async function sendRoom() {
+    $("attach-room-status").textContent = "";
+    try {
+      const out = await post("/attach/room/send", {token: $("attach-token").value, prompt: $("attach-prompt").value,
+                                                   max_tokens: Number($("attach-max-tokens").value),
+                                                   temperature: Number($("attach-temperature").value)});
+      $("attach-room-status").textContent = out.note;
+      room.sent += 1;
+    } catch (err) {
+      $("attach-room-status").textContent = String(err.message || err);
+    }
+    summary();
+  }
+
+  async function switchTarget() {
+    $("attach-switch-status").textContent = "";
+    try {
+      const out = await post("/attach/target", {url: $("attach-url").value, api_key: $("attach-key").value,
+                                                model: $("attach-model").value, token: $("attach-token").value});
+      $("attach-switch-status").textContent = cfg.switched.replace("{url}", out.url).replace("{model}", out.model);
+      setTimeout(() => location.reload(), 500);
+    } catch (err) {
+      $("attach-switch-status").textContent = String(err.message || err);
+    }
+  }
+
+  $("attach-room-send").addEventListener("click", sendRoom);
+  $("attach-switch").addEventListener("click", switchTarget);
+  summary();
+  setInterval(summary, 2000);
+})();

@@ -44,6 +44,8 @@
         document.body.dataset.followFrames = String(st.frames);
       } else if (msg.type === types.resync) {
         say(T.catching_up, "warn");
+      } else if (msg.type === types.load && window.inferlabLoad) {
+        window.inferlabLoad.handle(msg, ws, base);  // the presenter asks this page to send one request now
       }
     };
     ws.onclose = () => { say(T.disconnected, "warn"); setTimeout(connect, 2000); };

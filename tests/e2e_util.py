@@ -24,13 +24,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(base_engine, kv_memory: int | None = 32 * 1024 * 1024, presenter_token: str | None = None):
-    """Serve the lab in this process (sharing the loaded model) until the block exits."""
+def running_server(base_engine, kv_memory: int | None = 32 * 1024 * 1024, presenter_token: str | None = None,
+                   **create_kwargs):
+    """Serve the lab in this process (sharing the loaded model) until the block exits (`create_kwargs`: more
+    of create_app's settings, e.g. api=ApiSettings(...))."""
     import uvicorn
 
     from app.server import create_app
 
-    app, holder = create_app(base=base_engine, kv_memory=kv_memory, presenter_token=presenter_token)
+    app, holder = create_app(base=base_engine, kv_memory=kv_memory, presenter_token=presenter_token,
+                             **create_kwargs)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

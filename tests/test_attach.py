@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import httpx
 import openai
@@ -19,13 +20,21 @@ pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromiu
 PROMPT = "What is gravity?"
 
 
+TOKEN = "attach-presenter-token"
+
+
 @pytest.fixture(scope="module")
 def attached(tmp_path_factory):
-    """(target url, attach page url): the lab serving /v1, and the attach page pointed at it."""
+    """(target url, attach page url): the lab serving /v1, and the attach page pointed at it (its presenter token
+    TOKEN, for the room load)."""
     logs = tmp_path_factory.mktemp("attach")
     with app_process(["--api-key", KEY, "--kv-memory-mb", "128"], logs / "target.log") as target:
-        with app_process(["--attach", target, "--api-key", KEY], logs / "attach.log", ready="/") as page:
-            yield target, page
+        os.environ["INFERLAB_PRESENTER_TOKEN"] = TOKEN  # app_process hands the environment to the child
+        try:
+            with app_process(["--attach", target, "--api-key", KEY], logs / "attach.log", ready="/") as page:
+                yield target, page
+        finally:
+            os.environ.pop("INFERLAB_PRESENTER_TOKEN", None)
 
 
 def _send(page, max_tokens: int, top_n: int) -> None:
@@ -126,3 +135,133 @@ def test_metrics_of_other_engines_are_read_under_their_names():
     assert parse_metrics(llama) == {"kv_usage": 0.125, "running": 1.0, "waiting": 0.0}
     hits = "vllm:prefix_cache_queries_total 200\nvllm:prefix_cache_hits_total 50"
     assert parse_metrics(hits)["hit_rate"] == 0.25
+
+
+def test_every_follower_sends_one_request_to_the_attached_server(attached):
+    """Load from the room in attach mode: three followers' pages at the attach page's /follow each send one request
+    (relayed to the attached server, whose key they never see), show the answer and their TTFT; the presenter's
+    summary counts three and reads the requests running at once from the server's /metrics."""
+    target, url = attached
+    client = openai.OpenAI(base_url=target + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    want = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=16,
+                                          temperature=0)
+    with browser() as b:
+        page = b.new_page(viewport={"width": 1500, "height": 1300})
+        page.goto(url)
+        followers = []
+        for _ in range(3):
+            f = b.new_context().new_page()
+            f.goto(url + "/follow")
+            f.wait_for_function("() => document.getElementById('follow-status').className.includes('ok')",
+                                timeout=30000)
+            followers.append(f)
+        page.fill("#attach-prompt", PROMPT)
+        page.fill("#attach-temperature", "0")
+        page.fill("#attach-max-tokens", "16")
+        page.fill("#attach-token", "wrong")
+        page.click("#attach-room-send")
+        page.wait_for_function("() => document.getElementById('attach-room-status').textContent.includes('Wrong')",
+                               timeout=30000)
+        page.fill("#attach-token", TOKEN)
+        page.click("#attach-room-send")
+        page.wait_for_function("() => window.attach.room.sent === 1", timeout=30000)
+        for f in followers:
+            f.wait_for_function("() => window.inferlabLoad.state.done >= 1", timeout=180000)
+            r = f.evaluate("() => window.inferlabLoad.state.last")
+            assert r["ok"] is True and r["text"] == want.choices[0].message.content, r
+            assert 0 < r["ttft_ms"] <= r["elapsed_ms"] and r["tokens"] == want.usage.completion_tokens
+            assert "first token after" in f.inner_text("#follow-load-status") and KEY not in f.content()
+        page.wait_for_function("() => { const s = window.attach.room.summary; return s && s.answered === 3 && "
+                               "s.batches; }", timeout=60000)
+        s = page.evaluate("() => window.attach.room.summary")
+        assert s["tokens"] == 3 * want.usage.completion_tokens and s["failed"] == 0
+        assert s["batches"]["source"] == "metrics" and s["batches"]["max"] >= 2  # the server ran them together
+        assert int(page.inner_text("#load-max-batch")) == s["batches"]["max"]
+        page.locator("#attach-room-summary").scroll_into_view_if_needed()
+        page.screenshot(path=str(SCREENSHOTS / "attach-room-load.png"), full_page=True)
+    # a ticket is one request of the round's own prompt: spent now
+    r = httpx.post(url + "/attach/room/chat", json={}, headers={"Authorization": "Bearer made-up"}, timeout=30)
+    assert r.status_code == 403 and "not valid" in r.json()["error"]["message"]
+    # a script presents as in the lab: the round's summary; no engine to step
+    from websockets.sync.client import connect
+
+    with connect(url.replace("http", "ws") + "/ws/present") as ws:
+        for msg, want in (({"op": "load_summary"}, "authenticate first"), ({"op": "auth", "token": TOKEN}, None),
+                          ({"op": "step"}, "no engine to drive"), ({"op": "load_summary"}, None)):
+            ws.send(json.dumps(msg))
+            reply = json.loads(ws.recv(timeout=30))
+            if want:
+                assert reply["type"] == "error" and want in reply["error"], reply
+            else:
+                assert reply["type"] == "ok", reply
+        assert reply["summary"]["answered"] == 3 and reply["summary"]["round"] == s["round"]
+
+
+def test_the_page_can_point_at_another_server_from_this_machine_only(attached):
+    from fastapi.testclient import TestClient
+
+    from app.attach_server import create_attach_app
+
+    target, url = attached
+    for bad in ("", "ftp://host", "http://", "http://user:pw@host:1", "http://h/?q=1", "x" * 400, 7):
+        r = httpx.post(url + "/attach/target", json={"url": bad}, timeout=30)
+        assert r.status_code == 400 and "URL" in r.json()["error"], bad
+    r = httpx.post(url + "/attach/target", json={"url": target, "api_key": "wrong"}, timeout=60)
+    assert r.status_code == 400 and "401" in r.json()["error"]  # the server refused the key: nothing changed
+    assert httpx.get(url + "/", timeout=30).status_code == 200
+    r = httpx.post(url + "/attach/target", json={"url": target + "/v1", "api_key": KEY}, timeout=60)
+    assert r.status_code == 200 and r.json() == {"url": target, "model": MODEL}
+    # a page served on a network address: only the presenter token may point it elsewhere
+    app = create_attach_app(target, KEY, host="0.0.0.0", presenter_token=TOKEN)
+    with TestClient(app) as c:
+        assert c.post("/attach/target", json={"url": target, "api_key": KEY}).status_code == 403
+        assert c.post("/attach/target", json={"url": target, "api_key": KEY, "token": "nope"}).status_code == 403
+        r = c.post("/attach/target", json={"url": target, "api_key": KEY, "token": TOKEN})
+        assert r.status_code == 200 and r.json()["model"] == MODEL
+        assert "presenter token" in c.get("/").text
+
+
+def test_tokens_from_the_servers_tokenize_endpoint_when_no_tokenizer_loads(attached):
+    """The lab's POST /tokenize (vLLM's shape) gives the ids its chat requests read; attach mode falls back to it
+    when the model's tokenizer cannot be loaded, and says so when a server has no such endpoint."""
+    from fastapi.testclient import TestClient
+
+    from app.attach import AttachTarget
+    from app.attach_server import create_attach_app
+    from app.attach_tokens import Tokenizer
+    from engine.loader import bundled_dir
+    from transformers import AutoTokenizer
+
+    target, url = attached
+    auth = {"Authorization": f"Bearer {KEY}"}
+    tok = AutoTokenizer.from_pretrained(str(bundled_dir()))
+    messages = [{"role": "user", "content": PROMPT}]
+    want = tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+               add_special_tokens=False)["input_ids"]
+    r = httpx.post(target + "/tokenize", headers=auth, timeout=30,
+                   json={"model": MODEL, "messages": messages, "return_token_strs": True})
+    assert r.status_code == 200 and r.json()["tokens"] == want and r.json()["count"] == len(want)
+    assert "".join(r.json()["token_strs"]) == tok.decode(want)
+    r = httpx.post(target + "/tokenize", headers=auth, json={"prompt": PROMPT}, timeout=30)
+    assert r.json()["tokens"] == tok(PROMPT, add_special_tokens=False)["input_ids"] and "token_strs" not in r.json()
+    for body, status in (({"prompt": PROMPT, "messages": messages}, 400), ({}, 400), ({"prompt": 5}, 400),
+                         ({"prompt": PROMPT, "stream": True}, 400), ({"prompt": PROMPT, "model": "other"}, 404)):
+        r = httpx.post(target + "/tokenize", headers=auth, json=body, timeout=30)
+        assert r.status_code == status and r.json()["error"]["message"], body
+    assert httpx.post(target + "/tokenize", json={"prompt": PROMPT}, timeout=30).status_code == 401
+    # the fallback: a tokenizer that cannot load here, the server's /tokenize instead
+    server = Tokenizer(MODEL, AttachTarget(target, KEY, MODEL), load_name="/nonexistent/tokenizer")
+    got = server.render(PROMPT, None)
+    assert got.source == "server" and len(got.pieces) == len(want) and got.text is None and server.endpoint
+    # a server without any tokenize endpoint (the attach page's own server is one): a note, no tokens
+    bare = Tokenizer(MODEL, AttachTarget(url, None, MODEL), load_name="/nonexistent/tokenizer")
+    none = bare.render(PROMPT, None)
+    assert none.pieces is None and none.note
+    # the attach page with no tokenizer: panel 1 from the server's endpoint, as many tokens as the server counts
+    app = create_attach_app(target, KEY, tokenizer_name="/nonexistent/tokenizer")
+    with TestClient(app) as c:
+        answer = c.post("/attach/ask", json={"prompt": PROMPT, "max_tokens": 2})
+        frames = [json.loads(x) for x in answer.text.split("\n") if x]
+        panel = frames[-1]["html"]["attach-tokens"]
+        assert 'data-source="server"' in panel and panel.count('class="at-tok"') == len(want)
+        assert f"The server counted {len(want)}" in panel

@@ -102,15 +102,18 @@ def stream_html(run, lang: str) -> str:
     return f'<div class="at-stream">{chips}</div>{status or ""}'
 
 
-def tokens_html(prompt_text: str | None, tokens: list[str] | None, note: str, server_count, lang: str) -> str:
-    """The prompt as the model reads it, through the model's own tokenizer and chat template when it loads here."""
+def tokens_html(tokens, why: str, server_count, lang: str) -> str:
+    """The prompt as the model reads it (app/attach_tokens.Tokens): through the model's own tokenizer and chat
+    template when it loads here, else the server's tokenize endpoint's tokens, each labelled by where it came from."""
     say = texts("attach", lang)
-    if tokens is None:
-        return f'<p class="at-note">{html.escape(say["no_tokenizer"].format(why=note))}</p>'
-    chips = "".join(f'<span class="at-tok">{html.escape(token_label(t))}</span>' for t in tokens)
-    count = say["token_count"].format(n=len(tokens), server="?" if server_count is None else server_count)
-    return (f'<p class="at-note">{html.escape(count)}</p><pre class="at-template">{html.escape(prompt_text or "")}'
-            f'</pre><div class="at-tokens">{chips}</div>')
+    if tokens is None or tokens.pieces is None:
+        return f'<p class="at-note">{html.escape(say["no_tokenizer"].format(why=why))}</p>'
+    chips = "".join(f'<span class="at-tok">{html.escape(token_label(t))}</span>' for t in tokens.pieces)
+    key = {"model": "token_count", "server": "token_count_server", "server_raw": "token_count_raw"}[tokens.source]
+    count = say[key].format(n=len(tokens.pieces), server="?" if server_count is None else server_count, why=why)
+    template = f'<pre class="at-template">{html.escape(tokens.text)}</pre>' if tokens.text is not None else ""
+    return (f'<p class="at-note" data-source="{tokens.source}">{html.escape(count)}</p>{template}'
+            f'<div class="at-tokens">{chips}</div>')
 
 
 def absent_html(lang: str) -> str:
