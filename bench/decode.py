@@ -32,9 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine import Engine, SamplingParams, compute, governor  # noqa: E402  (before torch: engine/openmp_env.py)
 import torch  # noqa: E402
-
-from engine import Engine, SamplingParams, compute, governor  # noqa: E402
 from engine.kernels import FORMATS  # noqa: E402
 from engine.metrics import measure_bandwidth  # noqa: E402
 
