@@ -1,7 +1,7 @@
 """The thread governor: decode steps run on as many threads as pay *now*, measured, not assumed.
 
 Why: torch's CPU kernels split each op over an OpenMP team, and every parallel region ends at a barrier where
-the team waits for its slowest thread; a decode step runs ~120 such regions. On a quiet 2-core machine both
+the team waits for its slowest thread; a decode step runs hundreds of such regions. On a quiet 2-core machine both
 threads run and 2 threads beat 1. When other processes compete for the cores, a team member is kept off its
 core for a time slice at a time and every region waits for it; with OpenMP's default spinning the waiting
 thread also burns the slice its partner needs, and a step collapses (136 ms with 1 thread against 2,099 ms with
@@ -11,10 +11,11 @@ collapse; whether 2 threads then beat 1 depends on the load of the moment (measu
 barrier to wait at, so the answer is measured, continuously.
 
 So the governor times the uninstrumented decode steps (engine/model.py calls `before` and `after` around
-them, and `restore` puts compute.THREADS back after each) and now and then runs a few steps at the other thread count (1 or the configured maximum,
-compute.THREADS), keeping whichever is faster. A probe is cheap and bounded: at most PROBE_STEPS steps, cut
-short after one step that is clearly slower; a lost probe doubles the wait before the next (MIN_INTERVAL_S up
-to MAX_INTERVAL_S), a won one or a sudden slowdown of the current count resets it. Steps are compared only
+them, and `restore` puts compute.THREADS back after each) and now and then runs a few steps at the other
+thread count (1 or the configured maximum, compute.THREADS), keeping whichever is faster. A probe is cheap
+and bounded: at most PROBE_STEPS steps, cut short after one step that is clearly slower; a lost probe doubles
+the wait before the next (MIN_INTERVAL_S up to MAX_INTERVAL_S), a won one or a sudden slowdown of the current
+count resets it. Steps are compared only
 with steps of the same batch size (a 20-sequence decode costs more than a single one). The thread count does
 not change the results: torch's kernels here give the same bits with 1 or 2 threads (tests/test_threads.py).
 
@@ -130,11 +131,12 @@ class Governor:
 
     def describe(self) -> dict:
         """What the governor runs now and the evidence: its last probe, the recent median per thread count."""
+        order = sorted(self.steps.items(), key=lambda item: (item[0][0][1], item[0][1]))  # batch, threads
         medians = {f"{threads} threads, batch <= {key[1]}": round(statistics.median(ts) * 1e3, 2)
-                   for (key, threads), ts in sorted(self.steps.items(), key=lambda kv: (kv[0][0][1], kv[0][1])) if ts}
-        return {"enabled": self.enabled, "openmp": openmp_env.SETTING, "threads": self.current or compute.THREADS, "max_threads": compute.THREADS,
-                "probes": self.probes, "switches": self.switches, "next_probe_in_s": round(self.interval, 1),
-                "last_probe": self.last_probe, "recent_step_ms": medians}
+                   for (key, threads), ts in order if ts}
+        return {"enabled": self.enabled, "openmp": openmp_env.SETTING, "threads": self.current or compute.THREADS,
+                "max_threads": compute.THREADS, "probes": self.probes, "switches": self.switches,
+                "probe_wait_s": round(self.interval, 1), "last_probe": self.last_probe, "recent_step_ms": medians}
 
 
 def _bucket(batch: int) -> int:
