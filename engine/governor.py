@@ -24,6 +24,7 @@ says what it decided and why (`python -m engine ... --stats` prints it).
 """
 from __future__ import annotations
 
+import ctypes
 import statistics
 import time
 from collections import deque
@@ -41,10 +42,34 @@ CLEAR_LOSS = 1.5  # a probe step above this multiple of the current median ends 
 SLOWDOWN = 1.5  # the current count's last steps this much slower than at the last decision: probe soon
 
 
+def _thread_setter():
+    """A function that sets the calling thread's OpenMP and MKL thread counts, or None where this build does not
+    export them. Not torch.set_num_threads: that also changes the count every thread that first calls torch
+    later starts with, which engine/compute.py keeps at 1 for threads other than the compute thread."""
+    try:
+        with open("/proc/self/maps") as maps:
+            loaded = [line.split()[-1] for line in maps if line.rstrip().endswith((".so", ".so.1"))]
+        gomp = next(p for p in loaded if "/libgomp" in p)
+        cpu = next(p for p in loaded if p.endswith("/libtorch_cpu.so"))
+        # MKL_Set_Num_Threads_Local is the C entry; mkl_set_num_threads_local is Fortran's here (it takes a pointer)
+        omp_set, mkl_set = ctypes.CDLL(gomp).omp_set_num_threads, ctypes.CDLL(cpu).MKL_Set_Num_Threads_Local
+    except (OSError, StopIteration, AttributeError):  # not Linux, another OpenMP, no MKL
+        return None
+    omp_set.argtypes = mkl_set.argtypes = [ctypes.c_int]
+
+    def set_threads(n: int) -> None:
+        omp_set(n)  # what torch.set_num_threads does for the calling thread, without the global default
+        mkl_set(n)
+    return set_threads
+
+
+_SET_THREADS = _thread_setter()
+
+
 class Governor:
     def __init__(self, clock=time.perf_counter) -> None:
         self.clock = clock
-        self.enabled = True
+        self.enabled = _SET_THREADS is not None  # off where the thread count cannot be set per thread
         self.ceiling = 0  # compute.THREADS when last seen; after a change (set_threads) it probes at once
         self.current = 0
         self.steps: dict[tuple, deque] = {}  # (key, threads) -> recent step seconds
@@ -81,7 +106,7 @@ class Governor:
             self.probes += 1
         want = self.probe[0] if self.probe is not None else self.current
         if torch.get_num_threads() != want:
-            torch.set_num_threads(want)
+            _SET_THREADS(want)
 
     def after(self, model: object, batch: int, seconds: float) -> None:
         """Called after that step with its wall time."""
@@ -106,8 +131,8 @@ class Governor:
     def restore(self) -> None:
         """After the step: the compute thread's count back to compute.THREADS, so the rest of the engine's work
         (sampling, instrumented forwards) runs as it did without the governor."""
-        if torch.get_num_threads() != compute.THREADS:
-            torch.set_num_threads(compute.THREADS)
+        if self.enabled and torch.get_num_threads() != compute.THREADS:
+            _SET_THREADS(compute.THREADS)
 
     def _decide(self, key: tuple, other: int, times: list[float], ref: float) -> None:
         # the probe's first step wakes (or dismisses) a team: judged alone only when it is clearly slower
@@ -151,6 +176,6 @@ def set_enabled(on: bool) -> None:
     """Turn the governor off (every step then runs on compute.THREADS threads) or back on (it keeps what it
     measured before)."""
     def apply():
-        GOVERNOR.enabled = bool(on)
+        GOVERNOR.enabled = bool(on) and _SET_THREADS is not None
         GOVERNOR.probe = None
     compute.run(apply)

@@ -6,14 +6,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+import threading
+
 import pytest
 import torch
 
-from engine import SamplingParams, compute
+from engine import SamplingParams, compute, governor
 from engine.governor import GOVERNOR, MAX_INTERVAL_S, MIN_INTERVAL_S, PROBE_STEPS, Governor
 from engine.model import KVStorage, SeqInput
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+needs_setter = pytest.mark.skipif(governor._SET_THREADS is None,
+                                  reason="this torch build does not export per-thread OpenMP/MKL thread counts")
+
+
+def new_thread_count() -> int:
+    """torch's thread count on a thread that calls torch for the first time."""
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    return seen[0]
 
 
 @pytest.fixture
@@ -48,6 +63,7 @@ class Steps:
         return compute.run(go)
 
 
+@needs_setter
 def test_a_probe_that_loses_keeps_the_count_and_waits_longer(two_threads):
     st = Steps()
     ran = st.run([0.040] * PROBE_STEPS + [0.090])  # the probe's first step at 1 thread: clearly slower
@@ -61,11 +77,14 @@ def test_a_probe_that_loses_keeps_the_count_and_waits_longer(two_threads):
     assert st.gov.interval == MAX_INTERVAL_S
 
 
+@needs_setter
 def test_a_probe_that_wins_switches_and_a_slowdown_brings_the_next_one_soon(two_threads):
     st = Steps()
     st.run([0.040] * PROBE_STEPS)
     ran = st.run([0.030, 0.025, 0.025])  # 1 thread: clearly faster (the first step is not judged)
     assert ran == [1, 1, 1] and st.gov.current == 1 and st.gov.switches == 1
+    # switching the compute thread's count leaves the count other threads start with at 1 (engine/compute.py)
+    assert new_thread_count() == 1
     assert st.run([0.025] * 3) == [1, 1, 1]  # within the wait after a switch: no probe
     st.now += MIN_INTERVAL_S
     ran = st.run([0.024] * 3 + [0.025] * 2)  # the probe at 2 threads is not faster enough: stay at 1
@@ -76,6 +95,7 @@ def test_a_probe_that_wins_switches_and_a_slowdown_brings_the_next_one_soon(two_
     assert st.gov.next_probe - st.now <= MIN_INTERVAL_S < wait
 
 
+@needs_setter
 def test_steps_of_another_batch_size_do_not_compare(two_threads):
     st = Steps()
     st.run([0.040] * PROBE_STEPS)
@@ -124,6 +144,7 @@ def test_the_thread_count_does_not_change_the_bits(base_engine, two_threads):
         assert torch.equal(a, b)
 
 
+@needs_setter
 def test_the_engine_runs_its_decode_steps_through_the_governor(engine, two_threads):
     """Engine.generate's decode steps are timed by the process's governor (its window for this model and batch
     size fills), the compute thread is back at compute.THREADS after them, and the greedy text is the text
@@ -141,6 +162,14 @@ def test_the_engine_runs_its_decode_steps_through_the_governor(engine, two_threa
     seen = compute.run(lambda: {k for (k, _threads) in GOVERNOR.steps})
     assert (id(engine.model), 1) in seen
     assert compute.run(torch.get_num_threads) == compute.THREADS
+    assert new_thread_count() == 1
+
+
+def test_set_threads_leaves_other_threads_single(two_threads):
+    """compute.set_threads changes the compute thread's count only: a thread that first calls torch afterwards
+    still starts with 1 (torch.set_num_threads alone would have made it 2)."""
+    assert compute.run(torch.get_num_threads) == 2
+    assert new_thread_count() == 1
 
 
 def test_the_cli_sets_the_spin_count_and_reports_the_threads():
