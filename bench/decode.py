@@ -1,7 +1,7 @@
 """Decode speed by wall clock, like with like: our engine in each weight format against transformers'
 `generate` on the same weights (and llama.cpp on the same GGUF when llama-cpp-python is installed).
 
-    python bench/decode.py [--tokens 64] [--rounds 5] [--formats fp32,bf16,int8,q4] [--threads N]
+    python bench/decode.py [--tokens 64] [--rounds 5] [--formats fp32,bf16,int8,q4] [--threads N] [--busy N]
 
 What is timed: the wall clock of each contender's public API, per generated token, greedy, batch 1, the same
 prompt ids, the same thread count. Per-token decode time = (time to generate 1 + N tokens - time to generate 1
@@ -12,20 +12,28 @@ alike; reported: min and median over rounds, and ratios of medians against trans
 Also printed per format: the bytes a decode step reads (weights + KV), the floor they set at this machine's
 measured memory bandwidth, and the fraction of that floor our step reaches (issue 14 asks >= 70 %).
 These machines are noisy: read the ratios from one run, not absolute times.
+
+--busy N: the same, with N busy processes beside us for the whole run (`python -c "while True: pass"`: each
+wants a core all the time, as another tenant's CPU-bound work would; a matmul loop would also take memory
+bandwidth, which moves the floor we compare with, so it mixes two effects). The contenders become: ours as
+shipped (the thread governor, engine/governor.py), ours on 1 thread, ours on every thread with the governor
+off (the collapse it prevents: its steps take seconds, so it runs only --busy-tokens tokens) and transformers.
+Issue 14 asks ours <= 1.5x ours-on-1-thread in these conditions.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine import Engine, SamplingParams, compute, governor  # noqa: E402  (before torch: engine/openmp_env.py)
 import torch  # noqa: E402
-
-from engine import Engine, SamplingParams, compute  # noqa: E402
 from engine.kernels import FORMATS  # noqa: E402
 from engine.metrics import measure_bandwidth  # noqa: E402
 
@@ -75,16 +83,40 @@ def per_token(run, ctx, ids: list[int], n: int) -> float:
     return (compute.run(run, ctx, ids, n + 1) - compute.run(run, ctx, ids, 1)) / n * 1e3
 
 
+@contextlib.contextmanager
+def busy_processes(n: int):
+    """n processes that each spin a core until the block ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def pinned(threads: int | None, governed: bool):
+    """A contender's setting: the compute thread's maximum (None: as configured) and the governor on or off."""
+    def apply(ceiling: int):
+        compute.set_threads(threads or ceiling)
+        governor.set_enabled(governed)
+    return apply
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--threads", type=int, default=0, help="torch (and llama.cpp) threads; 0: torch's default")
+    ap.add_argument("--busy", type=int, default=0, help="N busy background processes for the whole run")
+    ap.add_argument("--busy-tokens", type=int, default=4,
+                    help="tokens per round for the ungoverned contender under --busy (its steps take seconds)")
     args = ap.parse_args()
     formats = [f for f in args.formats.split(",") if f]
     if args.threads:
         compute.set_threads(args.threads)
+    ceiling = compute.THREADS
     torch.manual_seed(0)
 
     engines = {f: Engine.from_pretrained("bundled", weights=f) for f in formats}
@@ -94,39 +126,60 @@ def main() -> None:
     # the reference runs on the compute thread too (engine/compute.py: one OpenMP team, the same threads)
     hf = compute.run(lambda: AutoModelForCausalLM.from_pretrained(str(ref.loaded.source_dir),
                                                                   dtype=torch.float32).eval())
-    llm, why = load_llama_cpp(ref.loaded.gguf, compute.THREADS)
+    llm, why = load_llama_cpp(ref.loaded.gguf, ceiling)
     ids = ref.encode(PROMPT).token_ids
-    contenders = {f"ours {f}": (ours, e) for f, e in engines.items()}
-    contenders["transformers fp32"] = (transformers_run, hf)
+    # name -> (run, its context, setting, tokens per round)
+    as_shipped = pinned(None, True)
+    contenders = {f"ours {f}": (ours, e, as_shipped, args.tokens) for f, e in engines.items()}
+    if args.busy:
+        for f, e in engines.items():
+            contenders[f"ours {f}, 1 thread"] = (ours, e, pinned(1, True), args.tokens)
+            if ceiling > 1:
+                contenders[f"ours {f}, {ceiling}t no governor"] = (ours, e, pinned(None, False), args.busy_tokens)
+    contenders["transformers fp32"] = (transformers_run, hf, as_shipped, args.tokens)
     if llm is not None:
-        contenders["llama.cpp Q4_1"] = (llama_cpp_run, llm)
-    for run, ctx in contenders.values():  # warm-up: first calls allocate, pack and page in
-        per_token(run, ctx, ids, 4)
+        contenders["llama.cpp Q4_1"] = (llama_cpp_run, llm, as_shipped, args.tokens)
     times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(args.rounds):
-        for name, (run, ctx) in contenders.items():
-            times[name].append(per_token(run, ctx, ids, args.tokens))
+    with busy_processes(args.busy) if args.busy else contextlib.nullcontext():
+        for run, ctx, setting, _ in contenders.values():  # warm-up: first calls allocate, pack and page in
+            setting(ceiling)
+            per_token(run, ctx, ids, 4)
+        for _ in range(args.rounds):
+            for name, (run, ctx, setting, n) in contenders.items():
+                setting(ceiling)
+                times[name].append(per_token(run, ctx, ids, n))
+        as_shipped(ceiling)
+        threads_now = compute.run(governor.GOVERNOR.describe)
 
     bw = measure_bandwidth("cpu")
-    base = statistics.median(times["transformers fp32"])
-    print(f"model: {ref.model_id}; prompt {len(ids)} tokens; {args.tokens} decode tokens x {args.rounds} rounds; "
-          f"threads {compute.THREADS}; memory bandwidth {bw / 1e9:.1f} GB/s (measured now)")
-    print(f"{'contender':22s} {'min ms/tok':>10s} {'median':>8s} {'tok/s':>7s} {'vs transformers':>16s} "
-          f"{'MB/step':>8s} {'floor ms':>9s} {'of floor':>9s}")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        row = f"{name:22s} {min(ts):10.1f} {med:8.1f} {1e3 / med:7.1f} {base / med:15.2f}x"
-        if name.startswith("ours"):
-            eng = engines[name.split()[1]]
-            step_bytes = eng.model.weight_bytes_per_step + eng.kv_bytes_per_token * (len(ids) + args.tokens // 2)
-            floor = step_bytes / bw * 1e3
-            row += f" {step_bytes / 1e6:8.0f} {floor:9.1f} {floor / med:9.0%}"
-        print(row)
+    report(args, engines, ids, times, bw, ceiling)
+    print(f"thread governor at the end: {threads_now}")
     if llm is None:
         print(f"llama.cpp: skipped ({why})")
     print("kernels (measured at load):")
     for f, e in engines.items():
         print(f"  {f}: " + "; ".join(f"{k} {v['decode']}" for k, v in e.model.kernels().items()))
+
+
+def report(args, engines: dict, ids: list[int], times: dict[str, list[float]], bw: float, ceiling: int) -> None:
+    base = statistics.median(times["transformers fp32"])
+    print(f"model: {next(iter(engines.values())).model_id}; prompt {len(ids)} tokens; {args.tokens} decode tokens "
+          f"x {args.rounds} rounds; threads {ceiling}; busy processes {args.busy}; memory bandwidth "
+          f"{bw / 1e9:.1f} GB/s (measured now{', beside them' if args.busy else ''})")
+    print(f"{'contender':28s} {'min ms/tok':>10s} {'median':>8s} {'tok/s':>7s} {'vs transformers':>16s} "
+          f"{'vs ours 1t':>10s} {'MB/step':>8s} {'floor ms':>9s} {'of floor':>9s}")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        row = f"{name:28s} {min(ts):10.1f} {med:8.1f} {1e3 / med:7.1f} {base / med:15.2f}x"
+        fmt = name.split()[1].rstrip(",") if name.startswith("ours") else None
+        one = times.get(f"ours {fmt}, 1 thread")
+        row += f" {med / statistics.median(one):9.2f}x" if one else f" {'':>10s}"
+        if fmt:
+            eng = engines[fmt]
+            step_bytes = eng.model.weight_bytes_per_step + eng.kv_bytes_per_token * (len(ids) + args.tokens // 2)
+            floor = step_bytes / bw * 1e3
+            row += f" {step_bytes / 1e6:8.0f} {floor:9.1f} {floor / med:9.0%}"
+        print(row)
 
 
 if __name__ == "__main__":

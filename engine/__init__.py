@@ -7,6 +7,7 @@
 Bad arguments raise ValueError or ArgumentTypeError (a TypeError that is also a ValueError) naming the argument;
 a step that fails raises StepFailed after undoing itself.
 """
+from .openmp_env import SETTING as OPENMP_SETTING  # first: before anything imports torch (see the module)
 from .checks import ArgumentTypeError, StepFailed
 from .engine import Engine, GenerationResult
 from .events import CaptureData, SeqEvent, StepEvent

@@ -58,7 +58,22 @@ def main(argv: list[str] | None = None) -> int:
         res = eng.result(rid)
         print(f"[{len(res.token_ids)} tokens, finish: {res.finish_reason}, TTFT {res.ttft_s * 1e3:.0f} ms, "
               f"TPOT {(res.tpot_s or 0) * 1e3:.1f} ms]", file=sys.stderr)
+        print(f"[{threads_line()}]", file=sys.stderr)
     return 0
+
+
+def threads_line() -> str:
+    """The decode threads the governor settled on, its evidence, and OpenMP's waiting (engine/governor.py)."""
+    from . import compute
+    from .governor import GOVERNOR
+
+    g = compute.run(GOVERNOR.describe)
+    line = f"decode threads: {g['threads']} of {g['max_threads']} ({g['probes']} probes, {g['switches']} switches"
+    p = g["last_probe"]
+    if p:
+        line += (f"; last probe: {p['threads']} threads {p['probe_ms']} ms/step against {p['current_threads']} "
+                 f"{p['current_ms']} ms, {'kept' if p['won'] else 'dropped'}")
+    return line + f"); OpenMP: {g['openmp']}"
 
 
 if __name__ == "__main__":

