@@ -227,11 +227,15 @@ def _schema_pair(s, cmd: SchemaPair, ctx: Context) -> Outcome:
     schema_b = ex.PAIR_SHUFFLED if cmd.shuffled else ex.PAIR_SCHEMA
     # the answers are short JSON objects: two requests' worth of KV must fit a visitor's share of the room's pool
     params = replace(cmd.params, max_tokens=min(cmd.params.max_tokens, ex.PAIR_MAX_TOKENS))
-    a = s.add_request(first, params, True, ex.pair_system(ex.PAIR_SCHEMA))
-    s.step()  # a's prompt blocks are computed and registered in the prefix cache
-    b = s.add_request(second, params, True, ex.pair_system(schema_b))
-    s.focus = b
-    event = s.step()
+    try:  # both or neither: a pair cut short (the room's pool full, say) would show nothing of the pitfall
+        a = s.add_request(first, params, True, ex.pair_system(ex.PAIR_SCHEMA))
+        s.step()  # a's prompt blocks are computed and registered in the prefix cache
+        b = s.add_request(second, params, True, ex.pair_system(schema_b))
+        s.focus = b
+        event = s.step()
+    except Exception:
+        s.reset()
+        raise
     ev = event.seq(b) if event is not None else None
     cached = ev.num_cached_tokens if ev is not None else 0
     key = "grammar.pair_shuffled" if cmd.shuffled else "grammar.pair_stable"

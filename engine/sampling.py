@@ -480,6 +480,10 @@ def _run_chain(x: torch.Tensor, params: SamplingParams, prompt: list[int], outpu
         return st
     if t != 1.0:
         st = _State(None, _scale(x, t), exact=exact)
+    if exact and st.idx is None:
+        # a masked chain goes on with the allowed tokens only: the cuts and the draw never see the masked ones
+        # (they would tie at -inf in every sort), and the draw order holds no zero-probability slices
+        st = st.select(st.vals > _NEG_INF)
     rec("temperature", st, t != 1.0)
 
     if params.min_p > 0:

@@ -15,6 +15,9 @@ A speculative round replaces one decode step of a sequence:
    are both the distributions after the full sampling chain (penalties see the drafts before them), so the
    emitted tokens are distributed exactly as plain sampling from the target (Leviathan et al. 2023,
    Chen et al. 2023). At temperature 0 both are one-hot: a draft is kept while it equals the target argmax.
+   Under a grammar (engine/grammar.py) p_i is the masked chain's distribution after drafts 1..i-1: a draft the
+   grammar forbids has p = 0 and never passes, and the residual and the bonus are drawn from masked p, so the
+   output stays exact and in the grammar. Drafters draft without the mask (q is whatever they sampled from).
 4. the engine rolls the KV back: slots reserved for drafts that were not kept go back to the pool (see
    `BlockManager.rollback`), and only kept tokens are ever hashed for the prefix cache.
 

@@ -362,3 +362,118 @@ def test_params_and_events_round_trip_with_the_grammar(engine):
     assert s.sampling.grammar.allowed == _stage(s.sampling, "grammar").num_kept == ev.seq(sid).sampling.grammar.allowed
     assert back.timing.grammar_ms == pytest.approx(ev.timing.grammar_ms, abs=1e-3)
     assert engine.seq_view(sid).params.grammar == Grammar.choice(YES_NO)
+
+
+# ---- the lab: charts read the engine's event, the grammar box ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def constrained_events(base_engine):
+    """A real constrained run, traced: the JSON example to its end."""
+    eng = base_engine.session()
+    sid = eng.add_request("Invent a person. Answer as JSON with name and age.",
+                          SamplingParams(max_tokens=40, temperature=0.7, seed=0, grammar=Grammar.json_schema(PERSON)))
+    events = run(eng, [sid], trace=True)[1]
+    return sid, events
+
+
+def test_sampling_chain_chart_shows_the_grammar_stage(constrained_events):
+    from app.charts import sampling as chart
+
+    sid, events = constrained_events
+    for ev in events:
+        tr = ev.seq(sid).sampling
+        fig = chart.sampling_chain_chart(tr)
+        bars = {t["name"]: t for t in fig["data"]}
+        st = _stage(tr, "grammar")
+        assert [t["name"] for t in fig["data"]][:3] == ["logits", "grammar", "penalties"]
+        assert bars["grammar"]["x"] == st.probs
+        assert bars["grammar"]["text"] == ["✕" if not k else "" for k in st.kept]
+        assert bars["grammar"]["marker"]["color"] == [chart.GREY if not k else c for k, c in
+                                                       zip(st.kept, bars["grammar"]["marker"]["color"])]
+        title = fig["layout"]["title"]["text"].replace("<br>", " ")  # the layout wraps long titles
+        assert f"grammar: {st.num_kept:,} of 49,152 tokens allowed" in title
+        assert f"{len(chart.masked_by_grammar(tr))} of the {len(tr.token_ids)} shown masked" in title
+        assert f"−{st.mass_removed:.1%} of the mass" in title
+        assert f"mask {tr.grammar.mask_ms:.2f} ms" in title
+    # an unconstrained trace has no such stage, no line
+    assert chart.masked_by_grammar(None) == set()
+
+
+def test_logits_and_cdf_charts_mark_the_masked_tokens(constrained_events):
+    from app.charts import logits as lchart, sampling as schart
+
+    sid, events = constrained_events
+    tr = next(ev.seq(sid).sampling for ev in events if schart.masked_by_grammar(ev.seq(sid).sampling))
+    masked = schart.masked_by_grammar(tr)
+    fig = lchart.logits_chart(tr, None)
+    raw = fig["data"][0]
+    ticks = fig["layout"]["yaxis"]["ticktext"]
+    for tid, color, tick in zip(tr.token_ids, raw["marker"]["color"], ticks):
+        assert (color == lchart.GREY) == (tid in masked and tid != tr.chosen)
+        assert tick.startswith("⊘ ") == (tid in masked)
+    cdf = schart.sampling_cdf_chart(tr)
+    notes = [a["text"] for a in cdf["layout"]["annotations"]]
+    assert any(n.startswith(f"masked by the grammar, not in the draw: {len(masked)} of the top tokens") for n in notes)
+    assert not set(t for t, _ in tr.cdf) & masked  # the draw never had them
+
+
+def test_timeline_and_pipeline_show_the_mask_time(constrained_events):
+    from dataclasses import replace
+
+    from app.charts.timeline import timeline_chart
+    from app.panels.pipeline import pipeline_summary
+
+    _, events = constrained_events
+    fig = timeline_chart(events)
+    mask = next(t for t in fig["data"] if t["name"] == "grammar")
+    assert mask["y"] == [e.timing.grammar_ms for e in events] and mask["x"] == [e.step for e in events]
+    steps = next(t for t in fig["data"] if t["name"] == "steps")
+    assert all(f"grammar masks {e.timing.grammar_ms:.2f} ms" in h for e, h in zip(events, steps["customdata"]))
+    ev = events[-1]
+    assert "grammar masks" not in pipeline_summary(ev)  # 0.3 ms of masks against a forward of tens of ms
+    slow = replace(ev, timing=replace(ev.timing, grammar_ms=ev.timing.forward_ms + 5.0))
+    assert "more than the model's forward" in pipeline_summary(slow)
+    assert "больше, чем прямой проход" in pipeline_summary(slow, "ru")
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("", None), ("   ", None),
+    ('json: {"type": "integer"}', Grammar.json_schema({"type": "integer"})),
+    (r"regex: \d+", Grammar.regex(r"\d+")),
+    ("choice: yes | no", Grammar.choice(["yes", "no"])),
+    ('ebnf: start: "a" | "b"', Grammar.ebnf('start: "a" | "b"')),
+])
+def test_grammar_box_parses(text, expect):
+    from app.grammar_examples import parse
+
+    assert parse(text) == expect
+
+
+@pytest.mark.parametrize("text, message", [
+    ("sql: SELECT 1", "must start with «json:», «regex:», «ebnf:» or «choice:»"),
+    ("\\d+", "must start with"),
+    ("regex: (", "grammar (regex) is invalid"),
+    ("json: {oops", "grammar (json_schema) is not valid JSON"),
+    ("regex: " + "a" * 20_000, "grammar is 20007 characters; the lab accepts up to"),
+])
+def test_grammar_box_refuses_clearly(text, message):
+    from app import commands as cmd
+    from app.i18n import Refusal
+
+    with pytest.raises(Refusal) as info:
+        cmd.sampling_params(0.7, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 0, 16, "", text)
+    assert message in str(info.value)
+    assert info.value.text("ru") and info.value.text("ru") != str(info.value)
+
+
+def test_examples_and_pair_are_valid_grammars():
+    from app import grammar_examples as ex
+
+    for name, text in ex.EXAMPLES.items():
+        assert ex.parse(text) is not None
+    assert Grammar.json_schema(ex.PAIR_SCHEMA) != Grammar.json_schema(ex.PAIR_SHUFFLED)  # different text,
+    same = {**ex.PAIR_SHUFFLED, "required": sorted(ex.PAIR_SHUFFLED["required"])}  # "required" is a set
+    assert json.dumps(same, sort_keys=True) == json.dumps({**ex.PAIR_SCHEMA, "required": sorted(
+        ex.PAIR_SCHEMA["required"])}, sort_keys=True)  # one schema
+    a, b = ex.pair_system(ex.PAIR_SCHEMA), ex.pair_system(ex.PAIR_SHUFFLED)
+    assert a[:2] == b[:2] and a[2] != b[2]  # they part at the first key: no KV block can be shared

@@ -12,8 +12,9 @@ from .common import ABOVE_PLOT, ACCENT, GREY, LABEL_CHARS, empty, figure, label_
 from .logits import FORCED_COLOR, Forced, row_role
 from ..i18n import texts
 
-# "grammar" (a constrained request's mask, engine/sampling.py) comes first after the raw logits, as in the engine
-CHAIN_ORDER = ("logits", "grammar", "penalties", "temperature", "min_p", "top_k", "top_p")
+CHAIN_ORDER = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
+# a constrained request's trace has one more stage, the grammar's mask, right after the raw logits (engine/sampling.py)
+GRAMMAR_ORDER = ("logits", "grammar", *CHAIN_ORDER[1:])
 KEPT_COLOR = "#4C78A8"
 WHAT_IF_COLOR = "#FF7F0E"
 U_COLOR = "#FF7F0E"
@@ -38,7 +39,7 @@ def _texts(sampling: SamplingTrace) -> list[str]:
 
 
 def _ordered_stages(sampling: SamplingTrace) -> list[StageSnapshot]:
-    rank = {name: i for i, name in enumerate(CHAIN_ORDER)}
+    rank = {name: i for i, name in enumerate(GRAMMAR_ORDER)}
     return sorted(sampling.stages, key=lambda s: rank.get(s.name, len(rank)))
 
 
