@@ -190,9 +190,12 @@ def _sampling_controls(c) -> None:
 def _grammar_controls(c) -> None:
     """Constrained decoding (issue 15): the grammar box (app/grammar_examples.py), an example per click, and the
     prefix-cache pitfall pair."""
+    # the box itself stays outside the collapsed accordion: Gradio does not put a closed accordion's children in
+    # the page, and lab.js's socket Step reads every step control off the page (a missing one sends the Step
+    # through Gradio instead)
+    c.grammar = gr.Textbox(value="", label=t("grammar.label", "en"), lines=2, elem_id="grammar",
+                           max_length=grammar_examples.MAX_BOX_CHARS)
     with gr.Accordion(t("grammar.box", "en"), open=False, elem_id="grammar-box") as c.grammar_acc:
-        c.grammar = gr.Textbox(value="", label=t("grammar.label", "en"), lines=2, elem_id="grammar",
-                               max_length=grammar_examples.MAX_BOX_CHARS)
         with gr.Row():
             c.grammar_ex = {name: gr.Button(t(f"grammar.ex.{name}", "en"), elem_id=f"grammar_ex_{name}", size="sm")
                             for name in grammar_examples.EXAMPLES}
