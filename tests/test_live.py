@@ -187,7 +187,7 @@ def test_tab_payloads_travel_over_the_tab_socket(server):
             await _wait_tab(app, "tab-socket-test")
             out = await asyncio.to_thread(
                 h.step, "Что такое гравитация?", True, "", 0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 16, "", "en", 0, 0,
-                "", None, visible, SimpleNamespace(session_hash="tab-socket-test"))
+                "", None, visible, "", SimpleNamespace(session_hash="tab-socket-test"))  # grammar box empty
             msgs = await recv_until(ws, lambda m: m["type"] == "payload")
             return out, msgs
 
@@ -296,8 +296,8 @@ def test_the_sequence_selector_sends_focus_over_the_socket(server):
     key = "tab-focus-socket"
     handlers = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
     for prompt in ("What is gravity?", "Hi"):
-        handlers.add(prompt, True, "", 0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 8, "", "en", 0, 0, "", None, "",
-                     SimpleNamespace(session_hash=key))
+        handlers.add(prompt, True, "", 0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 8, "", "en", 0, 0, "", None, "", "",
+                     SimpleNamespace(session_hash=key))  # the last "" before the request: the grammar box
     s = app.state.registry.sessions[key]
     first, second = sorted(s.requests)
     assert s.focus == first
