@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine import compute
 
+    from . import engine_turn
     from .openai_api import decide, startup_line
     from .server import create_app
 
@@ -80,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     on_space = bool(os.environ.get("SPACE_ID") or os.environ.get("SPACE_HOST"))
     api = decide(args.host, args.api_key, args.api, space=on_space)
     compute.set_threads(args.threads or max(1, (os.cpu_count() or 2) - 1))
+    # the engine's compute thread exists (engine.compute): the server's threads, all started from here on, run
+    # at a lower priority and wait for the engine's turn on the GIL (app/engine_turn.py)
+    engine_turn.engine_first()
 
     app, holder = create_app(args.model, args.device, kv_memory=args.kv_memory_mb * 1024 * 1024,
                              max_sessions=args.max_sessions,
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Lecture mode: presenter token {app.state.hub.token}  ·  viewers open {url}/follow "
           f"(in Russian: {url}/follow?lang=ru)", flush=True)
     print(startup_line(api, url), flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", loop="app.engine_turn:loop_factory")
     return 0
 
 

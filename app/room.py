@@ -28,6 +28,7 @@ from typing import Callable
 
 from engine import Engine, SamplingParams, StepEvent, StepFailed
 
+from . import engine_turn
 from .i18n import Refusal
 
 log = logging.getLogger("inferlab")
@@ -72,13 +73,15 @@ class Room:
         self._stepping: set[str] = set()  # owners in the step running now
         self._pool_changes = 0  # bumped whenever block tables may have changed outside a step (pool_changed)
         self._pool_view: tuple = ((), [])  # (version it was drawn at, block_owners())
-        # Turns on Python's GIL. The engine's Python phases (a step's inputs, sampling each sequence with its
-        # trace, the event) give the GIL up at each of their ~1,000 small tensor calls and had to win it back
-        # from the threads building pages: a twenty-tab step took ~3x its time alone. Its forward needs no GIL
-        # (engine/scripted.py), so pages are built during the forward and between steps, and wait for their
-        # turn (at most PAGE_WAIT_S, at each chart) while the engine runs Python.
+        # Turns on Python's GIL (app/engine_turn.py). The engine's Python phases (a step's inputs, sampling
+        # each sequence with its trace, the event) give the GIL up at each of their ~1,000 small tensor calls
+        # and had to win it back from the threads building pages: a twenty-tab step took ~3x its time alone.
+        # Its forward needs no GIL (engine/scripted.py), so pages are built during the forward and between
+        # steps, and wait for their turn (at most PAGE_WAIT_S, at each chart) while the engine runs Python;
+        # the server's event loop waits for it too, before each poll.
         self._pages_turn = threading.Event()
         self._pages_turn.set()
+        engine_turn.register(self._pages_turn)
         engine.forward_hook = self._forward_turn
         self.steps = 0
         self.tokens = 0
@@ -392,6 +395,8 @@ class Room:
                     "running": sum(1 for o in self._owners.values() if o.grant == math.inf)}
 
     def close(self) -> None:
+        engine_turn.unregister(self._pages_turn)
+        self._pages_turn.set()
         with self._cond:
             self._closed = True
             self._cond.notify_all()
