@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import threading
 
 import gradio as gr
 
@@ -29,6 +30,8 @@ class LabHandlers:
         self.hub = hub  # websocket channels: this tab's payloads, lecture viewers
         self.lecture = lecture
         self.delivery = Delivery(registry, holder, hub, lecture)
+        self._socket_runs: set[str] = set()  # tabs whose socket Run is going (_socket_run)
+        self._runs_lock = threading.Lock()
 
     def _session(self, request):
         return self.registry.get(_key(request))
@@ -228,7 +231,7 @@ class LabHandlers:
             msg = protocol.decode(data, protocol.TAB_OPS)
             op = msg["op"]
             inputs = msg.get("inputs") if isinstance(msg.get("inputs"), dict) else {}
-            args = cmd.socket_inputs(inputs) if op == "step" else cmd.view_inputs(inputs)
+            args = cmd.socket_inputs(inputs) if op in ("step", "run") else cmd.view_inputs(inputs)
             lang = args["lang"]
             if self.registry.peek(key) is None:
                 raise Refusal("no_session")
@@ -239,6 +242,9 @@ class LabHandlers:
                 self.hub.send_tab(key, protocol.UNBOUND)  # the page's next Step goes through Gradio
             return
         request = _TabRequest(key)
+        if op == "run":
+            self._socket_run(key, args, request)
+            return
         if op == "step":
             out = self.step(**args, request=request)
         elif op == "focus":
@@ -247,6 +253,26 @@ class LabHandlers:
             out = self.view(**args, request=request)
         if isinstance(out, str):  # an error payload (or no channel to push on): send it on this socket
             self.hub.push_tab(key, json.loads(out))
+
+    def _socket_run(self, key: str, args: dict, request) -> None:
+        """A Run sent over the tab's socket: exactly the Gradio Run handler, in a thread of its own (the tab's
+        later messages, a view change or a focus, must not wait for the Run to end), then RUN_END. One Run per
+        tab at a time: a second press while one runs changes nothing. Pause (a Gradio event) ends it."""
+        with self._runs_lock:
+            if key in self._socket_runs:
+                return
+            self._socket_runs.add(key)
+
+        def run():
+            try:
+                for out in self.run(**args, request=request):
+                    if isinstance(out, str):  # an error payload (or no channel to push on)
+                        self.hub.push_tab(key, json.loads(out))
+            finally:
+                with self._runs_lock:
+                    self._socket_runs.discard(key)
+                self.hub.send_tab(key, protocol.RUN_END)
+        threading.Thread(target=run, daemon=True, name="tab-run").start()
 
     # ---- lecture mode -------------------------------------------------------------------------------------
     def present(self, token, lang, layer, head, word, npos, visible, request: gr.Request = None):

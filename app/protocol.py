@@ -23,14 +23,16 @@ OK = "ok"  # {"op", ...}: a presenter command was done
 # {"round", "ticket", "follower", "of", "url", "model", "prompt", "max_tokens", "temperature"}: the presenter asks
 # this follower's page to send one request now (app/room_load.py); {"round", "skipped": true}: not this one
 LOAD = "load"
-TYPES = (PAYLOAD, FRAME, EVENT, HELLO, BOUND, UNBOUND, RESYNC, ERROR, OK, LOAD)
+RUN_END = "run_end"  # a Run the tab started over its socket has ended (Pause, every sequence finished, an error)
+TYPES = (PAYLOAD, FRAME, EVENT, HELLO, BOUND, UNBOUND, RESYNC, ERROR, OK, LOAD, RUN_END)
 
 # ---- client -> server ("op") ----------------------------------------------------------------------------
-# a tab: {"op": "step", "inputs": {STEP_CONTROLS names...}}, {"op": "focus", "seq": id, "inputs": {view...}},
+# a tab: {"op": "step", "inputs": {STEP_CONTROLS names...}}, {"op": "run", "inputs": {the same}} (steps until Pause;
+# its frames come as payloads, then RUN_END), {"op": "focus", "seq": id, "inputs": {view...}},
 # {"op": "view", "inputs": {view...}}: the charts in view changed (or the socket came back); the answer is a
 # payload of those charts, and the server keeps the view to send that tab the room's steps (RoomPusher).
 # {view...}: VIEW_CONTROLS, and "visible": '{"ids": [chart ids on screen], "near": [just outside it]}'
-TAB_OPS = ("step", "focus", "view")
+TAB_OPS = ("step", "run", "focus", "view")
 # the presenter's script: {"op": "auth", "token"}, {"op": "start", "prompt", "chat", "system", "params"},
 # {"op": "step", "count"}, {"op": "reset"}, {"op": "load", "prompt", "max_tokens", "temperature"} (every follower
 # sends one request now), {"op": "load_summary"} (the latest round as the room saw it)

@@ -14,11 +14,12 @@ times alone):
 The pages are bench/soak.py's (heartbeat, the Gradio page-load events, "hello" and its socket ticket, /ws/lab,
 the sync event, the language radio), opened before a phase starts; then every client, at once:
 
-* --mode run: presses Run (the run button's Gradio event, a streaming generator, and its .then) and keeps it
-  running: when its sequence finishes (the event completes) it presses Run again, which starts a new request.
-  Step latency = the gap between consecutive payloads while running (each payload is one rendered frame carrying
-  one or more new steps; the first gap is counted from the press). At the phase's end it presses Pause (the
-  pause button's event, queue=False, through /gradio_api/run/predict) and waits for the run to end.
+* --mode run: presses Run as lab.js does ({"op": "run"} over the page's bound socket; the frames, then
+  {"type": "run_end"}, come back on it) and keeps it running: when its sequence finishes (run_end) it presses
+  Run again, which starts a new request. Step latency = the gap between consecutive payloads while running
+  (each payload is one rendered frame carrying one or more new steps; the first gap is counted from the
+  press). At the phase's end it presses Pause (the pause button's event, queue=False, through
+  /gradio_api/run/predict) and waits for the run to end.
 * --mode step: clicks Step over the socket as soon as the previous step's payload is back; latency = send ->
   the payload with op == "step". A finished sequence is followed by another Step (a new request starts).
 
@@ -207,7 +208,10 @@ async def run_loop(client: Client, page: RoomPage, args, stop: asyncio.Event) ->
         frames = client.frames_all
 
         async def press() -> None:
-            for fn in chain:
+            if not broken(page):  # as lab.js: over the bound socket, the frames and then run_end come back on it
+                await page.run()
+                return
+            for fn in chain:  # the socket is down: lab.js lets the click through to Gradio
                 await page.event(fn)
 
         task = asyncio.create_task(press())

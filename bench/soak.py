@@ -271,6 +271,7 @@ class Page:
         self.events_lock = asyncio.Lock()  # one queue stream per session at a time (see event())
         self.bound = asyncio.Event()
         self.step_waiter: asyncio.Future | None = None
+        self.run_waiter: asyncio.Future | None = None  # a Run sent over the socket, until run_end
         self.closing = False
         self.steps_done = 0
 
@@ -390,6 +391,9 @@ class Page:
                     kind, text = self._check_message(p)
                     if p.get("op") == "step" and self.step_waiter is not None and not self.step_waiter.done():
                         self.step_waiter.set_result((kind, text))
+                elif typ == "run_end":
+                    if self.run_waiter is not None and not self.run_waiter.done():
+                        self.run_waiter.set_result(True)
                 elif typ == "bound":
                     self.bound.set()
                 elif typ == "unbound":
@@ -410,6 +414,8 @@ class Page:
         finally:
             if self.step_waiter is not None and not self.step_waiter.done():
                 self.step_waiter.set_result(("dropped", ""))
+            if self.run_waiter is not None and not self.run_waiter.done():
+                self.run_waiter.set_result(False)
 
     def step_inputs(self) -> dict:
         v = self.get
@@ -420,6 +426,18 @@ class Page:
                 "max_tokens": str(v("max_tokens")), "stop": v("stop") or "", "lang": v("lang"),
                 "layer": str(v("layer")), "head": str(v("head")), "word": v("bpe_word") or "",
                 "npos": str(v("neighbour_pos")), "visible": VISIBLE}
+
+    async def run(self) -> bool:
+        """Click Run as lab.js does once its socket is bound: {"op": "run"} over the socket. Returns when the
+        server says the Run ended (run_end: Pause, or the sequence finished); False if the socket dropped."""
+        self.run_waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.ws.send(json.dumps({"op": "run", "inputs": self.step_inputs()}, ensure_ascii=False))
+        except ConnectionClosed as exc:
+            if not self.closing:
+                self.stats.error("socket dropped", f"on send: {exc}")
+            return False
+        return await self.run_waiter
 
     async def step(self, timeout_s: float) -> tuple[str | None, str] | None:
         """Click Step; the step payload's (message kind, text), or None after a timeout or a drop."""

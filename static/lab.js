@@ -250,15 +250,19 @@
     state.socketViews = (state.socketViews || 0) + 1;
     return true;
   }
+  // Run goes the same way (its frames come over the socket, then a run_end message); Pause stays a Gradio
+  // event, which ends the run on the server whichever way it started.
   document.addEventListener("click", (e) => {
-    const btn = e.target && e.target.closest && e.target.closest("#" + K().ids.step);
-    if (!btn || !socketReady()) return;
+    const near = (id) => e.target && e.target.closest && e.target.closest("#" + id);
+    const op = near(K().ids.step) ? K().tabOps.step : near(K().ids.run) ? K().tabOps.run : null;
+    if (!op || !socketReady()) return;
     const inputs = controlInputs(Object.keys(K().stepControls));
     if (!inputs) return;
     e.preventDefault();
     e.stopImmediatePropagation();  // capture phase on document: Gradio's own handler never sees this click
-    socket.send(JSON.stringify({ op: K().tabOps.step, inputs }));
-    state.socketSteps = (state.socketSteps || 0) + 1;
+    socket.send(JSON.stringify({ op, inputs }));
+    if (op === K().tabOps.run) state.socketRuns = (state.socketRuns || 0) + 1;
+    else state.socketSteps = (state.socketSteps || 0) + 1;
   }, true);
   // The sequence selector is HTML the server sends with each payload: choosing a sequence sends a Focus
   // command over the socket (through a hidden Gradio control while the socket is down).

@@ -204,8 +204,8 @@ def test_an_idle_tab_watches_another_tabs_run_and_scrolled_charts_need_no_gradio
 
     # the runner's charts off screen went stale with its steps; scrolled into view, each is asked for over the
     # page's socket and redrawn with the session's data, and Gradio hears nothing of it
-    assert runner_requests  # Run is a Gradio event: what the counting sees
-    runner_requests.clear()
+    assert runner.evaluate("() => window.inferlab.state.socketRuns") == 1
+    assert runner_requests == []  # Run went over the page's socket, as Step does: Gradio heard nothing of it
     session = next(s for s in registry.sessions.values() if s.owner == runner_owner)
     assert runner.evaluate("() => window.inferlab.state.stale['chart-timeline']")
     drawn = runner.evaluate("() => window.inferlab.state.drawn['chart-timeline'] || 0")
@@ -217,5 +217,11 @@ def test_an_idle_tab_watches_another_tabs_run_and_scrolled_charts_need_no_gradio
     assert xs == [e.step for e in session.events]
     runner.wait_for_timeout(500)
     assert runner_requests == []
+    runner.click("#pause button, button#pause")  # Pause is a Gradio event: what the counting sees
+    for _ in range(100):
+        if runner_requests:
+            break
+        time.sleep(0.1)
+    assert runner_requests
     for ctx in contexts:
         ctx.close()

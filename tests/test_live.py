@@ -1,5 +1,6 @@
 """Lecture mode and the tab websocket, over real sockets: uvicorn serving the app, `websockets` clients."""
 import asyncio
+import contextlib
 import json
 from types import SimpleNamespace
 
@@ -176,6 +177,23 @@ async def _wait_tab(app, key):
     raise AssertionError(f"tab socket for {key} never registered")
 
 
+@contextlib.asynccontextmanager
+async def _tab_socket(ws_url, app, key):
+    """Tab `key`'s socket, open and registered with the hub."""
+    async with connect(_tab_url(ws_url, app, key), proxy=None, max_size=None) as ws:
+        await _wait_tab(app, key)
+        yield ws
+
+
+async def _bind(ws, app, key, handlers, chart):
+    """A Gradio event (here: the handler, as Gradio calls it) makes tab `key`'s session, showing `chart`; the
+    socket hears of it (bound). Returns the session."""
+    await asyncio.to_thread(handlers.view, "en", 0, 0, "", None, json.dumps({"ids": [chart]}),
+                            SimpleNamespace(session_hash=key))
+    await recv_until(ws, lambda m: m["type"] == "bound")
+    return app.state.registry.sessions[key]
+
+
 def test_tab_payloads_travel_over_the_tab_socket(server):
     ws_url, app = server
     h = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
@@ -216,17 +234,12 @@ def test_a_tab_steps_over_its_own_socket(server):
     handlers = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
 
     async def go():
-        async with connect(_tab_url(ws_url, app, key), proxy=None, max_size=None) as ws:
-            await _wait_tab(app, key)
+        async with _tab_socket(ws_url, app, key) as ws:
             # no session yet: refused with a message, nothing runs and no session appears
             await ws.send(json.dumps({"op": "step", "inputs": STEP_INPUTS}))
             refused = (await recv_until(ws, lambda m: m["type"] == "payload"))[-1]["payload"]
             assert key not in app.state.registry.sessions
-            # a Gradio event (here: the handler, as Gradio calls it) makes the session; the socket hears of it
-            await asyncio.to_thread(handlers.view, "en", 0, 0, "", None, json.dumps({"ids": ["chart-bytes"]}),
-                                    SimpleNamespace(session_hash=key))
-            await recv_until(ws, lambda m: m["type"] == "bound")
-            s = app.state.registry.sessions[key]
+            s = await _bind(ws, app, key, handlers, "chart-bytes")
             before = len(s.events)
             view = json.dumps({"ids": ["chart-logits"], "near": ["chart-sampling"]})
             await ws.send(json.dumps({"op": "step", "inputs": {**STEP_INPUTS, "visible": view}}))
@@ -254,6 +267,31 @@ def test_a_tab_steps_over_its_own_socket(server):
     assert s.requests[s.focus].prompt == "Что такое гравитация?"
     assert "temperature must be a number" in err["html"]["html-message"]
     assert len(s.events) == before + 1  # the bad message ran nothing
+
+
+def test_a_tab_runs_over_its_own_socket(server):
+    """Run over /ws/lab: the Run handler on the tab's own session, its frames as payloads, then run_end; a second
+    Run while one goes changes nothing; the sequence runs to its end, exactly max_tokens tokens."""
+    ws_url, app = server
+    key = "tab-run-session"
+    handlers = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
+
+    async def go():
+        async with _tab_socket(ws_url, app, key) as ws:
+            s = await _bind(ws, app, key, handlers, "chart-logits")
+            inputs = {**STEP_INPUTS, "max_tokens": "6", "visible": json.dumps({"ids": ["chart-logits"]})}
+            await ws.send(json.dumps({"op": "run", "inputs": inputs}))
+            await ws.send(json.dumps({"op": "run", "inputs": inputs}))  # pressed twice: one Run
+            msgs = await recv_until(ws, lambda m: m["type"] == "run_end", timeout=120)
+            return s, msgs
+
+    s, msgs = asyncio.run(go())
+    frames = [m["payload"] for m in msgs if m["type"] == "payload" and "chart-logits" in m["payload"].get("figs", {})]
+    assert frames  # the run's frames came over the socket
+    v = s.focus_view()
+    assert v.finished and len(v.output_ids) == 6
+    assert len(s.requests) == 1  # the second press started nothing
+    assert s.requests[s.focus].prompt == "Что такое гравитация?"
 
 
 def test_merged_payloads_equal_applying_both():
