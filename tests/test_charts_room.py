@@ -273,6 +273,20 @@ def test_throughput_aggregate_rises_while_each_owner_stays():
     assert s["owners"]["tab 3"][149] == pytest.approx(8) and s["owners"]["tab 3"][99] == 0
 
 
+def test_throughput_falls_to_zero_across_an_idle_room():
+    """Two runs 20 s apart: after the first, the rate is 0 from the window's end until the next step, rather
+    than a straight line drawn across the idle time."""
+    recs = [rec(i, 100 + (i + 1) * 0.5, [(0, "tab 1", "decode", 1, 1)], step_ms=500.0) for i in range(6)]
+    recs += [rec(6 + i, 123 + (i + 1) * 0.5, [(1, "tab 2", "decode", 1, 1)], step_ms=500.0) for i in range(4)]
+    s = room.throughput_series(recs)
+    gap_end = recs[5]["t"] + room.ROLL_S
+    k = s["t"].index(gap_end)
+    assert s["t"][k + 1] == recs[6]["t"] and s["t"][k + 2] == recs[6]["t"]  # 0 until the next step, then its rate
+    assert s["all"][k] == s["all"][k + 1] == 0 and s["owners"]["tab 1"][k] == 0
+    assert s["all"][k + 2] > 0 and s["owners"]["tab 2"][k + 2] > 0
+    assert len(s["t"]) == len(recs) + 2  # every step's own point is still there, plus the two zeros
+
+
 # ---- 4 · batch size ------------------------------------------------------------------------------------------
 
 def test_batch_size_held_and_waiting(hand):

@@ -271,7 +271,8 @@ def throughput_series(records, window_s: float = ROLL_S) -> dict:
     (t - window_s, t], divided by window_s (or, in the first seconds, by the time since the first step began).
 
     Returns {"t": [...], "all": [...], "owners": {owner: [...]}}; a record before any time has passed is left
-    out."""
+    out. Where no step ran for longer than the window (the room was idle between Runs), the rate is 0 from the
+    window's end to the next step: two points at 0, so a line is not drawn straight across the idle time."""
     records = [r for r in records or [] if isinstance(r.get("t"), (int, float))]
     if not records:
         return {"t": [], "all": [], "owners": {}}
@@ -285,8 +286,17 @@ def throughput_series(records, window_s: float = ROLL_S) -> dict:
     out = {"t": [], "all": [], "owners": {o: [] for o in owners}}
     lo = 0
     window: dict[str, int] = {}
+    def point(at: float, total: float, per_owner) -> None:
+        out["t"].append(at)
+        out["all"].append(total)
+        for o in owners:
+            out["owners"][o].append(per_owner(o))
+
     for i, r in enumerate(records):
         now = float(r["t"])
+        if out["t"] and now - out["t"][-1] > window_s:  # idle longer than the window: it emptied meanwhile
+            for at in (out["t"][-1] + window_s, now):
+                point(at, 0.0, lambda o: 0.0)
         for o, k in emitted[i].items():
             window[o] = window.get(o, 0) + k
         while float(records[lo]["t"]) <= now - window_s:
@@ -296,10 +306,7 @@ def throughput_series(records, window_s: float = ROLL_S) -> dict:
         span = min(window_s, now - start)
         if span <= 0:
             continue
-        out["t"].append(now)
-        out["all"].append(sum(window.values()) / span)
-        for o in owners:
-            out["owners"][o].append(window.get(o, 0) / span)
+        point(now, sum(window.values()) / span, lambda o: window.get(o, 0) / span)
     return out
 
 
