@@ -23,7 +23,6 @@ import json
 import math
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,8 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package: soak.py sits beside this file
+from soak import free_port, wait_up  # noqa: E402
 TOPICS = ["a dragon who learns to read", "a lighthouse keeper on Mars", "a robot that bakes bread",
           "a river that flows uphill", "a cat who runs a library", "the last tree in a city",
           "a clock that runs backwards", "a whale who sings opera", "a girl who talks to storms",
@@ -145,12 +146,6 @@ def report(rounds: list[tuple[dict, dict]], clients: int) -> None:
     print(f"\n{tokens} tokens streamed to the concurrent clients over {len(rounds)} rounds; {errors} failed streams")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_lab(args) -> tuple[subprocess.Popen, str]:
     port = free_port()
     args.api_key = args.api_key or secrets.token_urlsafe(12)
@@ -160,20 +155,13 @@ def start_lab(args) -> tuple[subprocess.Popen, str]:
                              "--kv-memory-mb", str(args.kv_memory_mb)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                             env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + args.ready_timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"the lab exited ({proc.returncode}); its log: {log}")
-        try:
-            if httpx.get(base + "/healthz", timeout=5).json().get("ready"):
-                print(f"lab started on {base} (log {log})")
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    sys.exit(f"the lab did not get ready in {args.ready_timeout:.0f} s; its log: {log}")
-
+    try:
+        wait_up(base + "/healthz", proc, args.ready_timeout, lambda r: r.json().get("ready"))
+    except RuntimeError as exc:
+        proc.terminate()
+        sys.exit(f"the lab did not start: {exc}; its log: {log}")
+    print(f"lab started on {base} (log {log})")
+    return proc, base
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -33,6 +33,8 @@ import httpx
 from websockets.asyncio.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is no package: soak.py sits beside this file
+from soak import free_port, wait_up  # noqa: E402
 PROMPT = "Write a short story about a lighthouse keeper on Mars."
 COOLDOWN_S = 10.5  # app/room_load.py COOLDOWN_S, and a margin
 
@@ -137,32 +139,21 @@ def report(rounds: list[tuple[dict, dict]], n: int) -> None:
 
 
 def start(args, token: str) -> tuple[subprocess.Popen, str]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "app", "--port", str(port)]
     cmd += ["--attach", args.attach] if args.attach else ["--api-key", secrets.token_urlsafe(12)]
     log = Path(tempfile.mkdtemp(prefix="bench-room-load-")) / "server.log"
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "INFERLAB_PRESENTER_TOKEN": token})
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"the server exited; its log: {log}")
-        try:
-            r = httpx.get(base + ("/" if args.attach else "/healthz"), timeout=5)
-            if r.status_code == 200 and (args.attach or r.json().get("ready")):
-                print(f"started {base} (log {log})")
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    sys.exit(f"the server did not get ready; its log: {log}")
-
+    try:  # the attach page has no /healthz: it is up when it serves its page
+        wait_up(base + ("/" if args.attach else "/healthz"), proc, 600,
+                lambda r: args.attach or r.json().get("ready"))
+    except RuntimeError as exc:
+        proc.terminate()
+        sys.exit(f"the server did not start: {exc}; its log: {log}")
+    print(f"started {base} (log {log})")
+    return proc, base
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -203,6 +203,21 @@ def stop_server(proc: subprocess.Popen) -> None:
             proc.wait(5)
 
 
+def wait_up(url: str, proc: subprocess.Popen, timeout_s: float, ready=lambda response: True) -> None:
+    """Poll `url` until it answers 200 and `ready(response)` holds; RuntimeError if `proc` exits or time runs out
+    (for the benchmarks that start a server of their own without an event loop)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            r = httpx.get(url, timeout=5)
+            if r.status_code == 200 and ready(r):
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"the server was not ready after {timeout_s:.0f} s")
+
+
 async def wait_ready(base: str, proc: subprocess.Popen | None, timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(timeout=10) as c:
