@@ -158,7 +158,7 @@ def main() -> None:
         print(f"llama.cpp: skipped ({why})")
     print("kernels (measured at load):")
     for f, e in engines.items():
-        print(f"  {f}: " + "; ".join(f"{k} {v['decode']}" for k, v in e.model.kernels().items()))
+        print(f"  {f}: " + "; ".join(f"{k} {v['single']}" for k, v in e.model.kernels().items()))
 
 
 def report(args, engines: dict, ids: list[int], times: dict[str, list[float]], bw: float, ceiling: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import native
 from .kernels import FORMATS
 
 
@@ -43,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
             progress=lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr, flush=True))
         if args.stats:  # measured at load on this machine (engine/kernels.py)
             for name, k in eng.model.kernels().items():
-                print(f"[{name:>7}: {k['format']}; decode {k['decode']}; prefill {k['prefill']}]", file=sys.stderr)
+                print(f"[{name:>7}: {k['format']}; one row {k['single']}; decode batch {k['decode']}; "
+                      f"prefill {k['prefill']}]", file=sys.stderr)
+            print(f"[the lab's CPU kernels: {native.status()}]", file=sys.stderr)
         rid = eng.add_request(args.prompt, params, chat=not args.raw, system=args.system)
         for ev in eng._drive(rid):
             if ev.emitted:

@@ -10,17 +10,21 @@ weight set its speed. Four formats of the same model:
         `aten._weight_int4pack_mm_for_cpu`. For the bundled model these are the GGUF file's own Q4_1 codes
         (engine/quant.py), not a re-quantization of the dequantised floats.
 
-Only the matmul sees the format: activations, norms, attention and the KV pool stay float32. The quantized
+Only the matmul sees the format: activations, norms, attention and the KV pool stay float32. torch's quantized
 kernels and bf16 take bf16 activations (torch's int4/int8 CPU kernels are fast only then: ~50x slower with
-float32 inputs), so the input row is cast to bf16 at the matmul and the result back to float32.
+float32 inputs), so the input row is cast to bf16 at the matmul and the result back to float32. The lab's own
+kernels for one row (engine/native.py: integer dot products, as llama.cpp computes) take float32 rows and
+quantize them per block of 32 themselves.
 
 Which kernel is fastest is a property of the machine, not of the format: the docstring of an older version
 said oneDNN beat MKL by 40 % at batch 1 (measured on one machine); on another MKL won by 20 %. So at load each
 candidate is timed on the model's own matrices (`choose`), once per format and shape per process, and the
 fastest kept; `Linear.describe()` says what runs where (`python -m engine ... --stats` prints it).
-Decode-sized inputs (<= DECODE_MAX_ROWS rows, timed at 1 and 16) and prefill-sized ones are timed apart: the
-quantized kernels that win at one row lose 5-20x at 128 rows to a bf16 copy, which prefill then uses (its
-memory is the price).
+Three input sizes are timed apart, because the winners differ: one row (a single sequence's decode step), a
+decode batch (2 to DECODE_MAX_ROWS rows: a room's step, a verification of k drafts; timed at 16) and prefill
+(timed at PREFILL_ROWS). The lab's one-row kernels read q4 at 1.2-1.6x torch's speed at one row but lose 2x at
+16, and the quantized kernels that win at one row lose 5-20x at 128 rows to a bf16 copy, which prefill then
+uses (its memory is the price).
 """
 from __future__ import annotations
 
@@ -30,14 +34,17 @@ from typing import Optional
 
 import torch
 
-from . import scripted
+from . import native, scripted
 
 FORMATS = ("fp32", "bf16", "int8", "q4")
 DECODE_MAX_ROWS = 32  # a decode batch (a room of twenty tabs), or one verification of k drafts
 PREFILL_ROWS = 128  # the row count prefill kernels are timed at
 GROUP = 32  # q4's group size along the input dimension (GGUF Q4_1's block)
 KIND_NAMES = {scripted.MKL: "MKL F.linear", scripted.ONEDNN: "oneDNN packed", scripted.INT8: "int8 weight-only",
-              scripted.INT4: "int4 g32 weight-only"}
+              scripted.INT4: "int4 g32 weight-only", scripted.NATIVE_Q4: "q4 integer dots (the lab's)",
+              scripted.NATIVE_I8: "int8 integer dots (the lab's)"}
+PHASES = ("single", "decode", "prefill")  # the input sizes timed apart: 1 row, a decode batch, a prefill
+PHASE_ROWS = ((1,), (16,), (PREFILL_ROWS,))
 
 
 @dataclass
@@ -46,7 +53,7 @@ class Kernel:
 
     kind: int
     weight: torch.Tensor
-    aux: Optional[torch.Tensor] = None  # int8: per-channel scales; int4: scales and zeros per group
+    aux: Optional[torch.Tensor] = None  # int8: per-channel scales; int4: scales and zeros per group; the lab's q4: d, m
 
     @property
     def nbytes(self) -> int:
@@ -60,28 +67,33 @@ class Kernel:
 
 
 class Linear:
-    """y = x @ W.T (+ b) with one kernel for decode-sized inputs and one for prefill-sized ones."""
+    """y = x @ W.T (+ b) with the kernel measured fastest for one row, for a decode batch and for a prefill."""
 
-    def __init__(self, decode: Kernel, prefill: Kernel, bias: torch.Tensor | None, shape: tuple[int, int],
+    def __init__(self, kerns: tuple[Kernel, Kernel, Kernel], bias: torch.Tensor | None, shape: tuple[int, int],
                  fmt: str):
-        self.decode, self.prefill, self.bias = decode, prefill, bias
+        self.single, self.decode, self.prefill = kerns
+        self.bias = bias
         self.out_features, self.in_features = shape
         self.fmt = fmt
         self.decode_invariant = False  # set by `build`: a row's result does not depend on the rows beside it
         # the weights as the model defines them (multiply-accumulates per token), whatever their storage
         self.numel = shape[0] * shape[1] + (0 if bias is None else bias.numel())
 
+    def kernel(self, rows: int, prefer_decode: bool = False) -> Kernel:
+        return self.single if rows == 1 else self.decode if prefer_decode or rows <= DECODE_MAX_ROWS else self.prefill
+
     def __call__(self, x: torch.Tensor, prefer_decode: bool = False) -> torch.Tensor:
-        k = self.decode if prefer_decode or x.shape[0] <= DECODE_MAX_ROWS else self.prefill
+        k = self.kernel(x.shape[0], prefer_decode)
         return scripted.matmul(x, k.kind, k.weight, k.aux, self.bias)
 
     @property
     def nbytes(self) -> int:
-        """What a decode step reads of this matrix."""
-        return self.decode.nbytes + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+        """What a single sequence's decode step reads of this matrix."""
+        return self.single.nbytes + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
 
     def describe(self) -> dict:
-        return {"format": self.fmt, "decode": self.decode.name, "prefill": self.prefill.name}
+        return {"format": self.fmt, "single": self.single.name, "decode": self.decode.name,
+                "prefill": self.prefill.name}
 
 
 # ---- building a format's candidates -----------------------------------------------------------------------
@@ -110,21 +122,36 @@ def int4_groups(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> 
     return Kernel(scripted.INT4, packed, scales_and_zeros)
 
 
-def candidates(fmt: str, w: torch.Tensor, q4: tuple | None = None) -> tuple[list[Kernel], list[Kernel]]:
-    """(decode candidates, prefill candidates) of one matrix in `fmt`; w is its float32 weight (for q4, the
+def native_q4(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> Kernel:
+    """The lab's q4 kernel over the GGUF blocks as they are: code bytes, and each row's fp16 d and m values."""
+    packed, dm = native.q4_weights(codes, scale, low)
+    return Kernel(scripted.NATIVE_Q4, packed, dm)
+
+
+def native_i8(k: Kernel) -> Kernel:
+    """The lab's int8 kernel over the very tensors of torch's (`int8_per_channel`): codes and bf16 row scales."""
+    return Kernel(scripted.NATIVE_I8, k.weight, k.aux)
+
+
+def candidates(fmt: str, w: torch.Tensor, q4: tuple | None = None) -> tuple[list[Kernel], ...]:
+    """(one-row, decode-batch, prefill candidates) of one matrix in `fmt`; w is its float32 weight (for q4, the
     dequantised one; q4 carries the codes, scales and lows)."""
     if fmt == "fp32":
         plain = Kernel(scripted.MKL, w.contiguous())
+        decode = [plain] + [k for k in [_onednn(plain.weight)] if k]
         # prefill keeps MKL: the kernel transformers uses, so prompt logits match the reference to ~1e-5
-        return [plain] + [k for k in [_onednn(plain.weight)] if k], [plain]
+        return decode, decode, [plain]
     half = w.to(torch.bfloat16).contiguous()
     bf16 = [Kernel(scripted.MKL, half)] + [k for k in [_onednn(half)] if k]
     if fmt == "bf16":
-        return bf16, bf16
+        return bf16, bf16, bf16
     if w.device.type != "cpu":
         raise ValueError(f"weights={fmt!r} runs on CPU only (its kernels are torch's CPU ones)")
     quant = int8_per_channel(w) if fmt == "int8" else int4_groups(*q4)
-    return [quant], [quant] + bf16
+    own = []
+    if native.available():
+        own = [native_i8(quant) if fmt == "int8" else native_q4(*q4)]
+    return own + [quant], [quant], [quant] + bf16
 
 
 # ---- choosing by measurement --------------------------------------------------------------------------------
@@ -161,31 +188,28 @@ def _run_all(kernels: list[Kernel], x: torch.Tensor) -> None:
 
 def build(fmt: str, weights: list[torch.Tensor], biases: list[torch.Tensor | None], name: str,
           q4: list[tuple] | None = None, measure: bool = True) -> list[Linear]:
-    """Linear layers for matrices of one shape (e.g. every layer's o_proj), each with the kernel measured
-    fastest for that shape: decode over 1 and 16 rows (a kernel used up to DECODE_MAX_ROWS rows: MKL's fp32
-    gemm wins at one row on one thread here and reads at a third of oneDNN's speed at eight), prefill at
-    PREFILL_ROWS. measure=False keeps the first candidate."""
+    """Linear layers for matrices of one shape (e.g. every layer's o_proj), each with the kernels measured
+    fastest for that shape at each of PHASES (MKL's fp32 gemm wins at one row on one thread here and reads at
+    a third of oneDNN's speed at eight rows). measure=False keeps the first candidate of each."""
     if fmt not in FORMATS:
         raise ValueError(f"weights must be one of {', '.join(FORMATS)} (got {fmt!r})")
     cands = [candidates(fmt, w, None if q4 is None else q4[i]) for i, w in enumerate(weights)]
     shape = tuple(weights[0].shape)
     picks = []
-    for phase, rows in ((0, (1, 16)), (1, (PREFILL_ROWS,))):
+    for phase, rows in enumerate(PHASE_ROWS):
         per_kind = [[c[phase][j] for c in cands] for j in range(len(cands[0][phase]))]
         picks.append(choose((fmt, name, phase, shape), per_kind, rows, shape[1]) if measure else 0)
-    out = [Linear(c[0][picks[0]], c[1][picks[1]], b, shape, fmt) for c, b in zip(cands, biases)]
-    invariant = _batch_invariant(out[0].decode, shape[1])
+    out = [Linear(tuple(c[p][picks[p]] for p in range(len(PHASES))), b, shape, fmt) for c, b in zip(cands, biases)]
+    invariant = _batch_invariant(out[0])
     for lin in out:
         lin.decode_invariant = invariant
     return out
 
 
-def _batch_invariant(k: Kernel, in_features: int) -> bool:
-    """Whether the decode kernel gives a row the same bits alone as among other rows (MKL's fp32 gemm does not:
-    one row takes its gemv path). Checked, not assumed: the logit lens shares the head's pass with the real
-    logits only where it cannot change them."""
-    x = torch.randn(DECODE_MAX_ROWS, in_features, device=k.weight.device)
-    full = scripted.matmul(x, k.kind, k.weight, k.aux, None)
-    return all(torch.equal(scripted.matmul(x[:n], k.kind, k.weight, k.aux, None), full[:n])
-               for n in (1, 2, 3, 5, 8))
-
+def _batch_invariant(lin: Linear) -> bool:
+    """Whether a row gets the same bits alone as among other decode-sized rows (MKL's fp32 gemm gives it other
+    bits: one row takes its gemv path; so does a one-row kernel other than the batch one). Checked, not
+    assumed: the logit lens shares the head's pass with the real logits only where it cannot change them."""
+    x = torch.randn(DECODE_MAX_ROWS, lin.in_features, device=lin.decode.weight.device)
+    full = lin(x, prefer_decode=True)
+    return all(torch.equal(lin(x[:n], prefer_decode=True), full[:n]) for n in (1, 2, 3, 5, 8))

@@ -245,7 +245,7 @@ class Model:
     def _scripted_weights(self) -> dict:
         """The layers' tensors as the flat lists engine.scripted.layers takes (built once)."""
         mats = [layer[name] for layer in self.layers for name in ("qkv", "o", "gate_up", "down")]
-        kerns = [k for m in mats for k in (m.decode, m.prefill)]
+        kerns = [k for m in mats for k in (m.single, m.decode, m.prefill)]
         spec = self.spec
         return dict(in_norm=[layer["in_norm"] for layer in self.layers],
                     post_norm=[layer["post_norm"] for layer in self.layers],
@@ -436,8 +436,8 @@ class Model:
         slots, mask = decode_ctx if decode_ctx is not None else (None, None)
         return scripted.LAYERS(
             x, cos, sin, new_slots, kv.k_layers[:num_layers], kv.v_layers[:num_layers],
-            a["in_norm"][:num_layers], a["post_norm"][:num_layers], a["kinds"][: 8 * num_layers],
-            a["weights"][: 8 * num_layers], a["aux"][: 8 * num_layers], a["biases"][: 4 * num_layers], a["dims"],
+            a["in_norm"][:num_layers], a["post_norm"][:num_layers], a["kinds"][: 12 * num_layers],
+            a["weights"][: 12 * num_layers], a["aux"][: 12 * num_layers], a["biases"][: 4 * num_layers], a["dims"],
             a["eps"], a["scale"], a["decode_max_rows"], slots, mask, offsets, [s.start_pos for s in seqs],
             [] if decode_ctx is not None else [s.slots.to(self.device) for s in seqs])
 

@@ -26,10 +26,12 @@ from typing import List, Optional, Union
 import torch
 import torch.nn.functional as F
 
+from . import native  # noqa: F401  (defines the torch.ops.inferlab schemas `matmul` calls)
+
 
 # The matmul kernels of engine.kernels (`matmul` spells them as literals: TorchScript functions cannot read
 # module globals)
-MKL, ONEDNN, INT8, INT4 = 0, 1, 2, 3
+MKL, ONEDNN, INT8, INT4, NATIVE_Q4, NATIVE_I8 = 0, 1, 2, 3, 4, 5
 
 
 def matmul(x: torch.Tensor, kind: int, weight: torch.Tensor, aux: Optional[torch.Tensor],
@@ -49,6 +51,13 @@ def matmul(x: torch.Tensor, kind: int, weight: torch.Tensor, aux: Optional[torch
         assert aux is not None
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), weight, 32, aux)
         same = False
+    elif kind == 4 or kind == 5:  # NATIVE_Q4, NATIVE_I8 (engine/native.py): float32 in, float32 out
+        assert aux is not None
+        if kind == 4:
+            y = torch.ops.inferlab.q4_linear(x, weight, aux)
+        else:
+            y = torch.ops.inferlab.i8_linear(x, weight, aux)
+        return y if bias is None else y + bias
     else:
         y = F.linear(x if same else x.to(weight.dtype), weight, bias if same else None)
     if not same:
@@ -60,9 +69,10 @@ def matmul(x: torch.Tensor, kind: int, weight: torch.Tensor, aux: Optional[torch
 
 def proj(x: torch.Tensor, i: int, kinds: List[int], weights: List[torch.Tensor], aux: List[Optional[torch.Tensor]],
          biases: List[Optional[torch.Tensor]], decode_max_rows: int) -> torch.Tensor:
-    """Matrix i of the layers (4 per layer): engine.kernels.Linear's choice between its decode kernel (entries
-    2i of kinds/weights/aux) and its prefill kernel (2i + 1) by the number of rows."""
-    j = 2 * i if x.size(0) <= decode_max_rows else 2 * i + 1
+    """Matrix i of the layers (4 per layer): engine.kernels.Linear's choice by the number of rows between its
+    one-row kernel (entries 3i of kinds/weights/aux), its decode-batch kernel (3i + 1) and its prefill one."""
+    rows = x.size(0)
+    j = 3 * i if rows == 1 else 3 * i + 1 if rows <= decode_max_rows else 3 * i + 2
     return matmul(x, kinds[j], weights[j], aux[j], biases[i])
 
 
@@ -125,7 +135,7 @@ def layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, new_slots: tor
     """Every layer of Model.forward's hot path; returns the residual stream after the last one.
 
     Four matrices per layer (qkv, o, gate_up, down), in that order: biases has one entry per matrix, and
-    kinds/weights/aux two (its decode kernel, then its prefill kernel; see `proj`). dims: heads, kv heads,
+    kinds/weights/aux three (its one-row, decode-batch and prefill kernels; see `proj`). dims: heads, kv heads,
     head dim, intermediate size. decode_slots given: every sequence decodes one token (one padded attention
     call); else attention runs per sequence over offsets/starts/seq_slots.
     """

@@ -47,7 +47,7 @@ def floor_points(cmp, bandwidth: float, peak_flops: float) -> list[dict]:
         lo = floor_ms(r.step_bytes, r.step_flops, bandwidth, peak_flops)
         pts.append(dict(weights=r.weights, mb=r.step_bytes / 1e6, ms=r.step_ms, floor_ms=lo,
                         pct=100.0 * lo / r.step_ms, bytes_per_weight=r.bytes_per_weight,
-                        speedup=(ref / r.step_ms) if ref else None, kernel=r.kernels["qkv"]["decode"]))
+                        speedup=(ref / r.step_ms) if ref else None, kernel=r.kernels["qkv"]["single"]))
     return pts
 
 

@@ -1,0 +1,337 @@
+// Decode-sized matmuls over 4-bit and 8-bit weights with integer dot products (engine/native.py builds this file).
+//
+// Why: torch's CPU weight-only kernels widen every weight to float before multiplying: at one row they run at
+// 8-18 GB/s here, so a q4 decode step was bound by arithmetic, not by the bytes it reads. Here, as in
+// llama.cpp, the activation row is quantized per block of 32 (int8 with one float scale per block: xq = round(x
+// / s), s = max|x| / 127) and each block's dot product with the weights' codes is an integer one: 32 products
+// in one or two instructions (AVX512-VNNI's vpdpbusd, or AVX2's vpmaddubsw + vpmaddwd).
+//
+//   q4:   w = d * code + m per block of 32 (GGUF Q4_1: fp16 d and m, codes 0..15, byte j of a block holding
+//         code j in its low nibble and code j + 16 in its high one). The weights are the file's own, exactly;
+//         a row's d values are stored together, then its m values (dm [N, 2, G], G = K / 32 blocks).
+//         y = sum over blocks of d * s * (codes . xq) + m * sum(x)
+//   int8: w = scale_row * code (codes -127..127, bf16 row scales: torch's int8 kernel's own tensors).
+//         y = scale_row * sum over blocks of s * (codes . xq)
+//
+// Only the activations are rounded (to ~1/254 of their block's largest value, about bf16's precision, which
+// torch's kernels round them to). Every output row is computed by one thread in one order, so results do not
+// depend on the thread count or on the other rows of the batch.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+#define INFERLAB_AVX2 1
+#endif
+#if defined(INFERLAB_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#define INFERLAB_VNNI 1  // 512-bit registers: two blocks per instruction
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kGrain = 64;  // output rows per task at the least: small matrices stay on one thread
+
+inline float half_to_float(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
+
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t bits = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// The activation rows, quantized per block, in the lane order the kernel reads them.
+struct Quantized {
+  int64_t K, G;
+  std::vector<int8_t> q;    // [M, K]
+  std::vector<float> s;     // [M, G] the blocks' scales
+  std::vector<float> lane_s;  // [M, K / 4] the scale of each int32 lane of the dot products (512-bit path)
+  std::vector<float> sum;   // [M, G] the blocks' float sums (q4's m term)
+};
+
+// q4_order: within each pair of blocks (a, b), the order a[0:16] b[0:16] a[16:32] b[16:32]: where a 512-bit
+// register holds the pair's low nibbles and then its high ones (see q4_dot).
+Quantized quantize(const float* x, int64_t M, int64_t K, bool q4_order) {
+  const int64_t G = K / kBlock;
+  Quantized out{K, G, std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * K / 4),
+                std::vector<float>(M * G)};
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t g = 0; g < G; ++g) {
+      const float* xb = x + r * K + g * kBlock;
+      float amax = 0.f, sum = 0.f;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        amax = std::fmax(amax, std::fabs(xb[j]));
+        sum += xb[j];
+      }
+      const float s = amax / 127.f, inv = s > 0.f ? 1.f / s : 0.f;
+      const bool paired = q4_order && (g | 1) < G;  // an odd last block keeps the plain order
+      const int64_t base = r * K + (g & ~int64_t{1}) * kBlock;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        const int64_t at = paired ? base + (j / 16) * 32 + (g & 1) * 16 + j % 16 : r * K + g * kBlock + j;
+        out.q[at] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
+      }
+      for (int64_t lane = 0; lane < 8; ++lane) {  // the lanes of block g: 4 bytes per int32 lane
+        const int64_t at = paired ? base / 4 + (lane / 4) * 8 + (g & 1) * 4 + lane % 4 : (r * K + g * kBlock) / 4 + lane;
+        out.lane_s[at] = s;
+      }
+      out.s[r * G + g] = s;
+      out.sum[r * G + g] = sum;
+    }
+  }
+  return out;
+}
+
+#ifdef INFERLAB_AVX2
+// 8 int32 partial sums of a . b for 32 unsigned bytes a and 32 signed bytes b
+inline __m256i dot_u8_i8(__m256i a, __m256i b) {
+#ifdef INFERLAB_VNNI
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
+#endif
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// q4 block g alone (256-bit), activations in plain order
+inline __m256 q4_block(const uint8_t* w, float d, const int8_t* xq, float s, __m256 acc) {
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+  const __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8_i8(codes, x)), _mm256_set1_ps(d * s), acc);
+}
+#endif
+
+// One output of q4: a row's code bytes w, its d values d[G] and m values m[G], one quantized activation row r.
+float q4_dot(const uint8_t* w, const uint16_t* d, const uint16_t* m, const Quantized& a, int64_t r) {
+  const int64_t G = a.G;
+  const int8_t* xq = a.q.data() + r * a.K;
+  const float *s = a.s.data() + r * G, *xsum = a.sum.data() + r * G;
+  float msum = 0.f, total = 0.f;
+  int64_t g = 0;
+#ifdef INFERLAB_VNNI
+  __m512 macc = _mm512_setzero_ps();
+  for (; g < G; g += 16) {  // the m terms, 16 blocks at a time
+    const __mmask16 k = G - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (G - g)) - 1);
+    const __m512 mv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g));
+    macc = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(k, xsum + g), macc);
+  }
+  msum = _mm512_reduce_add_ps(macc);
+  // two blocks per 512-bit register: [a low nibbles, b low, a high, b high] against activations in that order
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+  const float* lane_s = a.lane_s.data() + r * a.K / 4;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  for (g = 0; g + 2 <= G; g += 2) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 16));
+    const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(raw, low4)),
+                                             _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), 1);
+    const __m512i x = _mm512_loadu_si512(xq + g * kBlock);
+    const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);
+    uint32_t dd;
+    std::memcpy(&dd, d + g, 4);
+    const __m512 dv = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(dd))));
+    const __m512 scale = _mm512_mul_ps(dv, _mm512_loadu_ps(lane_s + g * 8));
+    if (g & 2) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc1);
+    else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc0);
+  }
+  total = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  if (g < G)
+    total += hsum(q4_block(w + g * 16, half_to_float(d[g]), xq + g * kBlock, s[g], _mm256_setzero_ps()));
+  return total + msum;
+#elif defined(INFERLAB_AVX2)
+  __m256 acc = _mm256_setzero_ps();
+  for (; g < G; ++g) {
+    acc = q4_block(w + g * 16, _cvtsh_ss(d[g]), xq + g * kBlock, s[g], acc);
+    msum += _cvtsh_ss(m[g]) * xsum[g];
+  }
+  return hsum(acc) + msum;
+#else
+  for (; g < G; ++g) {
+    int32_t dot = 0;
+    for (int64_t j = 0; j < 16; ++j)
+      dot += (w[g * 16 + j] & 0x0F) * xq[g * kBlock + j] + (w[g * 16 + j] >> 4) * xq[g * kBlock + j + 16];
+    total += half_to_float(d[g]) * s[g] * static_cast<float>(dot);
+    msum += half_to_float(m[g]) * xsum[g];
+  }
+  return total + msum;
+#endif
+}
+
+// One output of int8 before its row scale: a row's K signed codes, one quantized activation row r (plain order).
+float i8_dot(const int8_t* w, const Quantized& a, int64_t r) {
+  const int64_t G = a.G;
+  const int8_t* xq = a.q.data() + r * a.K;
+  const float* s = a.s.data() + r * G;
+  float total = 0.f;
+  int64_t g = 0;
+#ifdef INFERLAB_VNNI
+  const float* lane_s = a.lane_s.data() + r * a.K / 4;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  for (; g + 2 <= G; g += 2) {
+    const __m512i c = _mm512_loadu_si512(w + g * kBlock);
+    const __m512i x = _mm512_loadu_si512(xq + g * kBlock);
+    // |c| . (x with c's sign) = c . x, in the unsigned-by-signed form the instruction takes
+    const __mmask64 neg = _mm512_movepi8_mask(c);
+    const __m512i sx = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+    const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(c), sx);
+    const __m512 scale = _mm512_loadu_ps(lane_s + g * 8);
+    if (g & 2) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc1);
+    else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc0);
+  }
+  total = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#endif
+#ifdef INFERLAB_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (; g < G; ++g) {
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * kBlock));
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * kBlock));
+    const __m256i dot = dot_u8_i8(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(s[g]), acc);
+  }
+  total += hsum(acc);
+#else
+  for (; g < G; ++g) {
+    int32_t dot = 0;
+    for (int64_t j = 0; j < kBlock; ++j) dot += w[g * kBlock + j] * xq[g * kBlock + j];
+    total += s[g] * static_cast<float>(dot);
+  }
+#endif
+  return total;
+}
+
+#ifdef INFERLAB_VNNI
+// Four outputs of q4 at once (rows w, w + stride, ...): one load of each activation pair and its lane scales
+// serves four rows, and four independent sums keep the adder busy.
+void q4_dot4(const uint8_t* w, const uint16_t* dm, int64_t G, const Quantized& a, int64_t r, float* out) {
+  const int8_t* xq = a.q.data() + r * a.K;
+  const float *s = a.s.data() + r * G, *xsum = a.sum.data() + r * G;
+  const float* lane_s = a.lane_s.data() + r * a.K / 4;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512 acc[4];
+  for (int i = 0; i < 4; ++i) {  // each sum starts with its row's m terms, 16 blocks at a time
+    const uint16_t* m = dm + (2 * i + 1) * G;
+    acc[i] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g += 16) {
+      const __mmask16 k = G - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (G - g)) - 1);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g)), _mm512_maskz_loadu_ps(k, xsum + g), acc[i]);
+    }
+  }
+  int64_t g = 0;
+  for (; g + 2 <= G; g += 2) {
+    const __m512i x = _mm512_loadu_si512(xq + g * kBlock);
+    const __m512 ls = _mm512_loadu_ps(lane_s + g * 8);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (i * G + g) * 16));
+      const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(raw, low4)),
+                                               _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), 1);
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);
+      uint32_t dd;
+      std::memcpy(&dd, dm + 2 * i * G + g, 4);
+      const __m512 dv = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(dd))));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dv, ls), acc[i]);
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    out[i] = _mm512_reduce_add_ps(acc[i]);
+    if (g < G)
+      out[i] += hsum(q4_block(w + (i * G + g) * 16, half_to_float(dm[2 * i * G + g]), xq + g * kBlock, s[g],
+                              _mm256_setzero_ps()));
+  }
+}
+#endif
+
+void check_x(const at::Tensor& x, int64_t K) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "x must be float32 [M, K] on CPU");
+  TORCH_CHECK(x.size(1) == K && K % kBlock == 0, "x has ", x.size(1), " columns; the weights have ", K,
+              " (a multiple of 32)");
+}
+
+// x [M, K] float32; codes uint8 [N, K / 2] (Q4_1 blocks' code bytes); dm float16 [N, 2, K / 32] -> [M, N]
+at::Tensor q4_linear(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& dm) {
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 2 && codes.is_contiguous(), "codes: uint8 [N, K/2]");
+  TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous(), "dm: float16 [N, 2, K/32]");
+  const int64_t N = codes.size(0), K = codes.size(1) * 2, G = K / kBlock;
+  TORCH_CHECK(dm.numel() == N * G * 2, "dm must hold a d and an m per block");
+  const at::Tensor x = x_in.contiguous();
+  check_x(x, K);
+  const int64_t M = x.size(0);
+  at::Tensor y = at::empty({M, N}, x.options());
+  const Quantized a = quantize(x.data_ptr<float>(), M, K, true);
+  const uint8_t* wp = codes.data_ptr<uint8_t>();
+  const uint16_t* dmp = reinterpret_cast<const uint16_t*>(dm.data_ptr<at::Half>());
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, N, kGrain, [&](int64_t n0, int64_t n1) {
+    int64_t n = n0;
+#ifdef INFERLAB_VNNI
+    float out[4];
+    // four rows at once pays for short rows; measured slower on long ones (1,536 columns), which stay one by one
+    for (; G <= 24 && n + 4 <= n1; n += 4)
+      for (int64_t r = 0; r < M; ++r) {
+        q4_dot4(wp + n * G * 16, dmp + n * 2 * G, G, a, r, out);
+        for (int i = 0; i < 4; ++i) yp[r * N + n + i] = out[i];
+      }
+#endif
+    for (; n < n1; ++n)
+      for (int64_t r = 0; r < M; ++r)
+        yp[r * N + n] = q4_dot(wp + n * G * 16, dmp + n * 2 * G, dmp + n * 2 * G + G, a, r);
+  });
+  return y;
+}
+
+// x [M, K] float32; codes int8 [N, K] (-127..127); scale bfloat16 [N] -> [M, N]
+at::Tensor i8_linear(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scale) {
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 2 && codes.is_contiguous(), "codes: int8 [N, K]");
+  TORCH_CHECK(scale.scalar_type() == at::kBFloat16 && scale.numel() == codes.size(0) && scale.is_contiguous(),
+              "scale: bfloat16 [N]");
+  const int64_t N = codes.size(0), K = codes.size(1);
+  const at::Tensor x = x_in.contiguous();
+  check_x(x, K);
+  const int64_t M = x.size(0);
+  at::Tensor y = at::empty({M, N}, x.options());
+  const Quantized a = quantize(x.data_ptr<float>(), M, K, false);
+  const int8_t* wp = codes.data_ptr<int8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, N, kGrain, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t r = 0; r < M; ++r) yp[r * N + n] = bf16_to_float(sp[n]) * i8_dot(wp + n * K, a, r);
+  });
+  return y;
+}
+
+std::string isa() {
+#if defined(INFERLAB_VNNI)
+  return "avx512-vnni";
+#elif defined(INFERLAB_AVX2)
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
+
+}  // namespace
+
+// The ops' schemas are defined in Python (engine/native.py), so TorchScript can compile calls to them before
+// this library is built; here are their CPU kernels.
+TORCH_LIBRARY_IMPL(inferlab, CPU, m) {
+  m.impl("q4_linear", &q4_linear);
+  m.impl("i8_linear", &i8_linear);
+}
+
+TORCH_LIBRARY_FRAGMENT(inferlab_native, m) { m.def("isa() -> str", &isa); }

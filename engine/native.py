@@ -1,0 +1,118 @@
+"""The lab's own CPU kernels (engine/csrc/quant_gemv.cpp): decode-sized matmuls over q4 and int8 weights with
+integer dot products, built on first use with the machine's C++ compiler and kept in a cache.
+
+Why a compiled kernel: torch's weight-only kernels widen each weight to float before multiplying; at one row a
+q4 decode step then does arithmetic at 8-18 GB/s of weights, far below the memory's speed (issue 14). The
+file's docstring says how the integer path works and what it rounds.
+
+Built for this machine (`-march=native`, so the cache key holds the CPU's flags) into INFERLAB_CACHE (default
+~/.cache/inferlab)/native/. Where there is no compiler, or INFERLAB_NATIVE=0, `available()` is False and the
+formats run torch's kernels: slower, never wrong. engine/kernels.py offers these kernels as candidates and keeps
+them only where they measure faster.
+
+The ops' schemas are defined here, at import, so engine/scripted.py can compile calls to them whether or not
+the library is ever built (a call before it is loaded fails, and none is made: no Kernel uses them then).
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("csrc") / "quant_gemv.cpp"
+BUILD_TIMEOUT_S = 600
+
+_lib = torch.library.Library("inferlab", "DEF")
+_lib.define("q4_linear(Tensor x, Tensor codes, Tensor dm) -> Tensor")
+_lib.define("i8_linear(Tensor x, Tensor codes, Tensor scale) -> Tensor")
+
+_log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_state: dict = {}  # "path": the loaded library, or "error": why there is none
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("INFERLAB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "inferlab")
+    return Path(root) / "native"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def _command(out: Path) -> list[str]:
+    from torch.utils import cpp_extension
+
+    libs = cpp_extension.library_paths()
+    cmd = [os.environ.get("CXX", "g++"), "-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fopenmp",
+           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", "-w"]
+    cmd += [f"-I{p}" for p in cpp_extension.include_paths()]
+    # torch ships its own libgomp.so.1: linked by that name, the library joins torch's OpenMP runtime (and team)
+    cmd += [str(SOURCE), *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
+            "-ltorch_cpu", "-lc10", "-o", str(out)]
+    return cmd
+
+
+def _build() -> Path:
+    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), sys.version.encode(),
+                                     _cpu_flags().encode(), " ".join(_command(Path("x"))).encode()]))
+    out = cache_dir() / f"quant_gemv-{key.hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / ".lock", "w") as lock:  # one process builds; the others wait and load its result
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():
+            tmp = out.with_suffix(f".{os.getpid()}.tmp")
+            _log.warning("building the lab's CPU kernels (once per machine, ~20 s): %s", out)
+            done = subprocess.run(_command(tmp), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            if done.returncode != 0:
+                tmp.unlink(missing_ok=True)
+                raise RuntimeError(f"the C++ build failed: {done.stderr.strip()[-2000:]}")
+            os.replace(tmp, out)
+    return out
+
+
+def available() -> bool:
+    """Whether the kernels are loaded (building them first if needed); False, with the reason in `status()`,
+    where they cannot be built."""
+    with _lock:
+        if not _state:
+            if os.environ.get("INFERLAB_NATIVE", "1") == "0":
+                _state["error"] = "switched off (INFERLAB_NATIVE=0)"
+            else:
+                try:
+                    path = _build()
+                    torch.ops.load_library(str(path))
+                    _state["path"] = path
+                except Exception as exc:  # noqa: BLE001 - no compiler, a failed build: torch's kernels remain
+                    _state["error"] = f"{type(exc).__name__}: {exc}"
+                    _log.warning("the lab's CPU kernels are unavailable (%s); using torch's", _state["error"])
+        return "path" in _state
+
+
+def status() -> str:
+    """One line for --stats: the instruction set the kernels were built for, or why there are none."""
+    if not available():
+        return f"not built: {_state['error']}"
+    return f"built for {torch.ops.inferlab_native.isa()} ({_state['path'].name})"
+
+
+def q4_weights(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(code bytes [N, K/2] in Q4_1's block layout, fp16 [N, 2, K/32]: each row's d values, then its m values)
+    from codes [N, K] in 0..15 and per-block scale d and low m [N, K/32] (w = d * code + m)."""
+    n, k = codes.shape
+    blocks = codes.to(torch.uint8).reshape(n, k // 32, 2, 16)
+    packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    return packed, torch.stack([scale.half(), low.half()], dim=1).contiguous()

@@ -1,0 +1,165 @@
+"""The lab's own CPU kernels (engine/native.py, engine/csrc/quant_gemv.cpp): they compute exactly the sum their
+docstring states (activations quantized per block of 32, integer dot products with the weights' own codes), on
+the bundled GGUF's real codes and on shapes that reach every remainder path; results do not depend on the rows
+beside them or on the thread count; bad inputs raise, and the engine still runs without them."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine import compute, kernels, native, scripted
+from engine.loader import bundled_gguf_path
+from engine.quant import dequantise, read_q4_1
+
+pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
+                                reason="no C++ compiler: the lab's kernels cannot be built here")
+
+
+@pytest.fixture(scope="module")
+def built():
+    assert native.available(), native.status()
+    return True
+
+
+@pytest.fixture(scope="module")
+def q4_codes():
+    return read_q4_1(bundled_gguf_path(), 9, 3)
+
+
+def quantized(x: torch.Tensor):
+    """The activations as the kernels quantize them: per block of 32, s = max|x| / 127, xq = round(x / s)."""
+    blocks = x.view(x.shape[0], -1, 32)
+    s = blocks.abs().amax(-1) / 127
+    inv = torch.where(s > 0, 1 / s, torch.zeros_like(s))
+    return torch.round(blocks * inv[..., None]), s, blocks.sum(-1)
+
+
+def q4_reference(x, codes, scale, low):
+    """sum over blocks of d * s * (codes . xq) + m * sum(x), in float64."""
+    xq, s, xsum = (t.double() for t in quantized(x))
+    c = codes.view(codes.shape[0], -1, 32).double()
+    dots = torch.einsum("ngj,mgj->mng", c, xq)
+    return (dots * scale.double()[None] * s[:, None] + low.double()[None] * xsum[:, None]).sum(-1)
+
+
+def i8_reference(x, k):
+    xq, s, _ = (t.double() for t in quantized(x))
+    c = k.weight.view(k.weight.shape[0], -1, 32).double()
+    return torch.einsum("ngj,mgj,mg->mn", c, xq, s) * k.aux.double()[None]
+
+
+def random_q4(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scale = (torch.rand(n, k // 32, generator=g) * 0.02).half().float()
+    low = (-8 * scale + torch.randn(n, k // 32, generator=g) * 1e-3).half().float()
+    return codes, scale, low
+
+
+def rel(a, b):
+    return float((a.double() - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("name", ["model.layers.3.self_attn.q_proj.weight", "model.layers.3.mlp.down_proj.weight"])
+def test_q4_kernel_computes_its_stated_sum_on_the_gguf_codes(built, q4_codes, name):
+    codes, scale, low = q4_codes[name]
+    k = kernels.native_q4(codes, scale, low)
+    x = torch.randn(3, codes.shape[1])
+    got = scripted.matmul(x, k.kind, k.weight, k.aux, None)
+    assert got.dtype == torch.float32 and got.shape == (3, codes.shape[0])
+    assert rel(got, q4_reference(x, codes, scale, low)) < 1e-5
+    # and the sum is the matmul with the file's own weights, up to the activations' rounding
+    assert rel(got, x.double() @ dequantise(codes, scale, low).double().T) < 0.02
+    # the block layout: Q4_1's bytes (code j low nibble, code j + 16 high), each row's d values then its m values
+    assert k.weight.shape == (codes.shape[0], codes.shape[1] // 2) and k.aux.shape == (codes.shape[0], 2, codes.shape[1] // 32)
+    assert k.nbytes == codes.numel() // 2 + codes.numel() // 32 * 4  # 20 bytes per 32 weights, as in the GGUF
+
+
+@pytest.mark.parametrize("n,k", [(7, 96), (9, 64), (130, 1536), (5, 32)])
+def test_q4_kernel_every_remainder_path(built, n, k):
+    """Rows not a multiple of four, an odd number of blocks, a single block: the same sum."""
+    codes, scale, low = random_q4(n, k)
+    kern = kernels.native_q4(codes, scale, low)
+    x = torch.randn(4, k) * torch.linspace(0.1, 10, k)  # blocks of very different scales
+    assert rel(scripted.matmul(x, kern.kind, kern.weight, kern.aux, None), q4_reference(x, codes, scale, low)) < 1e-5
+
+
+@pytest.mark.parametrize("n,k", [(49152 // 64, 576), (7, 96), (3, 1536)])
+def test_int8_kernel_computes_its_stated_sum(built, n, k):
+    w = torch.randn(n, k)
+    base = kernels.int8_per_channel(w)
+    kern = kernels.native_i8(base)
+    assert kern.weight.data_ptr() == base.weight.data_ptr()  # the very codes torch's kernel reads
+    x = torch.randn(2, k)
+    got = scripted.matmul(x, kern.kind, kern.weight, kern.aux, None)
+    assert rel(got, i8_reference(x, base)) < 1e-5
+    assert rel(got, x.double() @ (base.weight.double() * base.aux.double()[:, None]).T) < 0.02
+
+
+def test_zero_rows_and_bias(built):
+    codes, scale, low = random_q4(8, 64)
+    kern = kernels.native_q4(codes, scale, low)
+    x = torch.zeros(2, 64)
+    x[1, :32] = torch.randn(32)  # one all-zero block: scale 0, no division by zero
+    bias = torch.randn(8)
+    got = scripted.matmul(x, kern.kind, kern.weight, kern.aux, bias)
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got[0], bias)
+    assert rel(got - bias, q4_reference(x, codes, scale, low)) < 1e-5
+
+
+def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_any_thread_count(built, q4_codes):
+    codes, scale, low = q4_codes["model.layers.0.mlp.gate_proj.weight"]
+    kq = kernels.native_q4(codes, scale, low)
+    k8 = kernels.native_i8(kernels.int8_per_channel(dequantise(codes, scale, low)))
+    x = torch.randn(6, codes.shape[1])
+
+    def run(threads):
+        torch.set_num_threads(threads)
+        try:
+            return [(scripted.matmul(x, k.kind, k.weight, k.aux, None),
+                     [scripted.matmul(x[i:i + 1], k.kind, k.weight, k.aux, None) for i in range(6)]) for k in (kq, k8)]
+        finally:
+            torch.set_num_threads(compute.THREADS)
+
+    one, two = compute.run(run, 1), compute.run(run, 2)
+    for (full1, rows1), (full2, rows2) in zip(one, two):
+        assert torch.equal(full1, full2)
+        assert all(torch.equal(r, full1[i:i + 1]) for rows in (rows1, rows2) for i, r in enumerate(rows))
+
+
+def test_bad_inputs_raise_instead_of_reading_wrong_memory(built):
+    codes, scale, low = random_q4(8, 64)
+    kern = kernels.native_q4(codes, scale, low)
+    with pytest.raises(RuntimeError, match="columns"):
+        torch.ops.inferlab.q4_linear(torch.randn(1, 96), kern.weight, kern.aux)
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.inferlab.q4_linear(torch.randn(1, 64).double(), kern.weight, kern.aux)
+    with pytest.raises(RuntimeError, match="dm"):
+        torch.ops.inferlab.q4_linear(torch.randn(1, 64), kern.weight, kern.aux[:4])
+    base = kernels.int8_per_channel(torch.randn(8, 64))
+    with pytest.raises(RuntimeError, match="scale"):
+        torch.ops.inferlab.i8_linear(torch.randn(1, 64), base.weight, base.aux.float())
+
+
+def test_formats_offer_the_lab_kernels_for_one_row_only(built, q4_codes):
+    codes, scale, low = q4_codes["model.layers.0.self_attn.o_proj.weight"]
+    single, batch, prefill = kernels.candidates("q4", dequantise(codes, scale, low), (codes, scale, low))
+    assert single[0].kind == scripted.NATIVE_Q4 and scripted.NATIVE_Q4 not in {k.kind for k in batch + prefill}
+    single, batch, prefill = kernels.candidates("int8", torch.randn(64, 96))
+    assert single[0].kind == scripted.NATIVE_I8 and scripted.NATIVE_I8 not in {k.kind for k in batch + prefill}
+
+
+def test_switched_off_the_formats_run_torchs_kernels():
+    code = ("from engine import native, kernels, scripted; import torch; "
+            "print(native.available(), native.status()); "
+            "s = kernels.candidates('int8', torch.randn(64, 96))[0]; print([k.kind for k in s])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "INFERLAB_NATIVE": "0"}, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr
+    first, kinds = out.stdout.strip().splitlines()
+    assert first == "False not built: switched off (INFERLAB_NATIVE=0)"
+    assert kinds == f"[{scripted.INT8}]"
