@@ -17,12 +17,23 @@
 // torch's kernels round them to). Every output row is computed by one thread in one order, so results do not
 // depend on the thread count or on the other rows of the batch.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include <ATen/Parallel.h>  // at::get_num_threads
 #include <torch/library.h>
 
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
@@ -256,6 +267,93 @@ void q4_dot4(const uint8_t* w, const uint16_t* dm, int64_t G, const Quantized& a
 }
 #endif
 
+// ---- the kernels' own helper threads ------------------------------------------------------------------------
+// Why not OpenMP (at::parallel_for): the engine keeps OpenMP's waiting short (GOMP_SPINCOUNT=1000, so a step
+// does not collapse when other processes share the cores: engine/openmp_env.py), and then each parallel region
+// first wakes a sleeping thread: ~50 us here, 121 regions a q4 decode step, which made 2 threads slower than 1.
+// These helpers wait for the next matmul spinning for at most kSpin (a decode step's matmuls come ~20-40 us
+// apart), yielding the core to anything else that wants it, and sleep after that. The caller takes part 0.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+class Pool {
+ public:
+  explicit Pool(int size) {
+    for (int part = 1; part < size; ++part) threads_.emplace_back([this, part] { loop(part); });
+  }
+  int size() const { return static_cast<int>(threads_.size()) + 1; }
+
+  // fn(part) for every part 0 .. size() - 1, part 0 on the calling thread; returns when all have run. Every
+  // helper takes part in every job, so none can still be on a job when the next one is posted.
+  void run(const std::function<void(int)>& fn) {
+    std::unique_lock<std::mutex> mine(busy_, std::try_to_lock);
+    if (!mine.owns_lock()) {  // another thread is using the pool: run every part here instead
+      for (int part = 0; part < size(); ++part) fn(part);
+      return;
+    }
+    job_ = &fn;
+    pending_.store(size() - 1, std::memory_order_relaxed);
+    seq_.fetch_add(1, std::memory_order_release);
+    { std::lock_guard<std::mutex> lock(mutex_); }  // a helper between its check and its wait sees the new seq
+    wake_.notify_all();
+    fn(0);
+    while (pending_.load(std::memory_order_acquire) != 0) sched_yield();
+  }
+
+ private:
+  void loop(int part) {
+    uint64_t seen = 0;
+    for (;;) {
+      const auto start = std::chrono::steady_clock::now();
+      while (seq_.load(std::memory_order_acquire) == seen) {
+        if (std::chrono::steady_clock::now() - start > kSpin) {
+          std::unique_lock<std::mutex> lock(mutex_);
+          wake_.wait(lock, [&] { return seq_.load(std::memory_order_acquire) != seen; });
+          break;
+        }
+        sched_yield();
+      }
+      seen = seq_.load(std::memory_order_acquire);
+      (*job_)(part);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<int> pending_{0};
+  const std::function<void(int)>* job_ = nullptr;
+  std::mutex mutex_, busy_;
+  std::condition_variable wake_;
+};
+
+// One pool per thread count in a process (the governor moves between 1 and the configured count); a forked
+// child starts its own, as threads do not survive a fork (the parent's pools are left as they are).
+Pool* pool_of(int threads) {
+  static std::map<int, Pool*> pools;
+  static pid_t owner = 0;
+  static std::mutex guard;
+  std::lock_guard<std::mutex> lock(guard);
+  if (owner != getpid()) {
+    pools.clear();
+    owner = getpid();
+  }
+  Pool*& pool = pools[threads];
+  if (pool == nullptr) pool = new Pool(threads);
+  return pool;
+}
+
+// Rows [0, n) in equal parts over the calling thread's torch thread count (on the compute thread: the thread
+// governor's choice), at least kGrain rows a part; a part without rows does nothing.
+void parallel_rows(int64_t n, const std::function<void(int64_t, int64_t)>& body) {
+  const int threads = at::get_num_threads();
+  if (threads <= 1 || n < 2 * kGrain) return body(0, n);
+  const int64_t step = std::max(kGrain, (n + threads - 1) / threads);
+  pool_of(threads)->run([&](int part) {
+    const int64_t lo = part * step, hi = std::min(n, lo + step);
+    if (lo < hi) body(lo, hi);
+  });
+}
+
 void check_x(const at::Tensor& x, int64_t K) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "x must be float32 [M, K] on CPU");
   TORCH_CHECK(x.size(1) == K && K % kBlock == 0, "x has ", x.size(1), " columns; the weights have ", K,
@@ -276,7 +374,7 @@ at::Tensor q4_linear(const at::Tensor& x_in, const at::Tensor& codes, const at::
   const uint8_t* wp = codes.data_ptr<uint8_t>();
   const uint16_t* dmp = reinterpret_cast<const uint16_t*>(dm.data_ptr<at::Half>());
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, N, kGrain, [&](int64_t n0, int64_t n1) {
+  parallel_rows(N, [&](int64_t n0, int64_t n1) {
     int64_t n = n0;
 #ifdef INFERLAB_VNNI
     float out[4];
@@ -308,7 +406,7 @@ at::Tensor i8_linear(const at::Tensor& x_in, const at::Tensor& codes, const at::
   const int8_t* wp = codes.data_ptr<int8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, N, kGrain, [&](int64_t n0, int64_t n1) {
+  parallel_rows(N, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t r = 0; r < M; ++r) yp[r * N + n] = bf16_to_float(sp[n]) * i8_dot(wp + n * K, a, r);
   });
