@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from . import compute, kernels, scripted
+from . import compute, kernels, native, scripted
 from .governor import GOVERNOR
 from .kernels import Linear
 
@@ -219,6 +219,8 @@ class Model:
                             **{key: built[key][i] for key in proj}) for i, p in enumerate(names)]
         self.q_size, self.kv_size = H * D, KV * D
         self.scale = 1.0 / math.sqrt(D)
+        # the lab's own norm and decode-attention ops (engine/native.py) on both paths, where they are built
+        self.native_ops = self.device.type == "cpu" and dtype == torch.float32 and native.available()
         self._script_args = self._scripted_weights()
         max_pos = spec.max_position if spec.sliding_window is None else min(spec.max_position, spec.sliding_window)
         self.max_model_len = max_pos
@@ -292,7 +294,7 @@ class Model:
 
     # ---- building blocks ----------------------------------------------------------------------
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return scripted.rms_norm(x, weight, self.spec.rms_norm_eps)
+        return scripted.rms_norm(x, weight, self.spec.rms_norm_eps, self.native_ops)
 
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: [N, heads, D]; cos/sin: [N, 1, D]. Rotate-half convention, as in the HF checkpoints.
@@ -385,7 +387,7 @@ class Model:
             kv.v[li].index_copy_(0, new_slots, v)
             record = capture is not None and capture.attention and li in attn_layers
             if decode_ctx is not None:
-                out, probs = self._attend_decode(q, kv, li, decode_ctx)
+                out, probs = self._attend_decode(q, kv, li, decode_ctx, record)
                 if record:
                     for si, c in caps.items():
                         if c.attention_positions == []:  # the row alone exceeds the budget
@@ -433,13 +435,13 @@ class Model:
     def _scripted_layers(self, x, cos, sin, new_slots, kv: KVStorage, decode_ctx, seqs: list[SeqInput],
                          offsets: list[int], num_layers: int) -> torch.Tensor:
         a = self._script_args
-        slots, mask = decode_ctx if decode_ctx is not None else (None, None)
+        slots, mask, lengths = decode_ctx if decode_ctx is not None else (None, None, None)
         return scripted.LAYERS(
             x, cos, sin, new_slots, kv.k_layers[:num_layers], kv.v_layers[:num_layers],
             a["in_norm"][:num_layers], a["post_norm"][:num_layers], a["kinds"][: 12 * num_layers],
             a["weights"][: 12 * num_layers], a["aux"][: 12 * num_layers], a["biases"][: 4 * num_layers], a["dims"],
-            a["eps"], a["scale"], a["decode_max_rows"], slots, mask, offsets, [s.start_pos for s in seqs],
-            [] if decode_ctx is not None else [s.slots.to(self.device) for s in seqs])
+            a["eps"], a["scale"], a["decode_max_rows"], slots, mask, lengths, offsets, [s.start_pos for s in seqs],
+            [] if decode_ctx is not None else [s.slots.to(self.device) for s in seqs], self.native_ops)
 
     def _lens_top(self, rows: torch.Tensor, k: int, head: bool = False):
         """(ids, probs) of the top-k of softmax(logits) for each row, LENS_BLOCK_ROWS rows at a time; `rows`
@@ -452,21 +454,34 @@ class Model:
         return (torch.cat(ids), torch.cat(probs)) if len(ids) > 1 else (ids[0], probs[0])
 
     def _padded_context(self, seqs: list[SeqInput]):
-        """Slots of every sequence padded to the longest context, and the mask hiding the padding."""
+        """Slots of every sequence padded to the longest context, the mask hiding the padding, and the context
+        lengths (what the lab's attention op reads instead of the mask)."""
         ctx = [s.start_pos + 1 for s in seqs]
         tmax = max(ctx)
+        lengths = torch.tensor(ctx, dtype=torch.long, device=self.device)
         if len(seqs) == 1:
-            return seqs[0].slots[: ctx[0]].view(1, -1).to(self.device), None
+            return seqs[0].slots[: ctx[0]].view(1, -1).to(self.device), None, lengths
         slots = torch.zeros(len(seqs), tmax, dtype=torch.long)
         mask = torch.zeros(len(seqs), 1, 1, tmax, dtype=torch.bool)
         for i, s in enumerate(seqs):
             slots[i, : ctx[i]] = s.slots[: ctx[i]]
             mask[i, ..., : ctx[i]] = True
-        return slots.to(self.device), mask.to(self.device)
+        return slots.to(self.device), mask.to(self.device), lengths
 
-    def _attend_decode(self, q, kv: KVStorage, li: int, decode_ctx):
-        """One query per sequence: grouped-query attention as two small matmuls, no K/V head copies."""
-        slots, mask = decode_ctx
+    def _attend_decode(self, q, kv: KVStorage, li: int, decode_ctx, want_probs: bool = True):
+        """One query per sequence: grouped-query attention as two small matmuls, no K/V head copies. With the
+        lab's ops the output is theirs, as on the scripted path (the same bits), and the probabilities shown
+        are torch's, computed only when wanted."""
+        slots, mask, lengths = decode_ctx
+        if self.native_ops:
+            out = scripted.attend_decode(q, kv.k[li], kv.v[li], slots, mask, lengths, self.spec.num_kv_heads,
+                                         self.spec.head_dim, self.scale, True)
+            if not want_probs:
+                return out, None
+            return out, self._attend_decode_torch(q, kv, li, slots, mask)[1]
+        return self._attend_decode_torch(q, kv, li, slots, mask)
+
+    def _attend_decode_torch(self, q, kv: KVStorage, li: int, slots, mask):
         B, T = slots.shape
         KV, D = self.spec.num_kv_heads, self.spec.head_dim
         k = kv.k[li].index_select(0, slots.view(-1)).view(B, T, KV, D)  # index_select: 4x faster than [slots]

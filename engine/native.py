@@ -32,6 +32,8 @@ BUILD_TIMEOUT_S = 600
 _lib = torch.library.Library("inferlab", "DEF")
 _lib.define("q4_linear(Tensor x, Tensor codes, Tensor dm) -> Tensor")
 _lib.define("i8_linear(Tensor x, Tensor codes, Tensor scale) -> Tensor")
+_lib.define("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor")
+_lib.define("decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor slots, Tensor lengths, float scale) -> Tensor")
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()

@@ -76,8 +76,10 @@ def proj(x: torch.Tensor, i: int, kinds: List[int], weights: List[torch.Tensor],
     return matmul(x, kinds[j], weights[j], aux[j], biases[i])
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, native: bool = False) -> torch.Tensor:
     if x.dtype == torch.float32:  # one fused kernel instead of six small ones (decode is overhead-bound)
+        if native and x.dim() == 2:  # the lab's own: ~1 us against F.rms_norm's ~10 (engine/native.py)
+            return torch.ops.inferlab.rms_norm(x, weight, eps)
         return F.rms_norm(x, [x.size(-1)], weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -91,8 +93,12 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def attend_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
-                  mask: Optional[torch.Tensor], num_kv_heads: int, head_dim: int, scale: float) -> torch.Tensor:
-    """Model._attend_decode without the probabilities: one query per sequence over its padded context."""
+                  mask: Optional[torch.Tensor], lengths: Optional[torch.Tensor], num_kv_heads: int, head_dim: int,
+                  scale: float, native: bool = False) -> torch.Tensor:
+    """Model._attend_decode without the probabilities: one query per sequence over its padded context. native:
+    the lab's op reads K and V straight from the pool (engine/native.py) instead of ~8 torch ops."""
+    if native and lengths is not None and q.dtype == torch.float32:
+        return torch.ops.inferlab.decode_attention(q, k_pool, v_pool, slots, lengths, scale)
     B, T = slots.size(0), slots.size(1)
     k = k_pool.index_select(0, slots.view(-1)).view(B, T, num_kv_heads, head_dim)  # 4x faster than [slots]
     v = v_pool.index_select(0, slots.view(-1)).view(B, T, num_kv_heads, head_dim)
@@ -131,19 +137,21 @@ def layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, new_slots: tor
            kinds: List[int], weights: List[torch.Tensor], aux: List[Optional[torch.Tensor]],
            biases: List[Optional[torch.Tensor]], dims: List[int], eps: float, scale: float, decode_max_rows: int,
            decode_slots: Optional[torch.Tensor], decode_mask: Optional[torch.Tensor],
-           offsets: List[int], starts: List[int], seq_slots: List[torch.Tensor]) -> torch.Tensor:
+           decode_lengths: Optional[torch.Tensor], offsets: List[int], starts: List[int],
+           seq_slots: List[torch.Tensor], native: bool) -> torch.Tensor:
     """Every layer of Model.forward's hot path; returns the residual stream after the last one.
 
     Four matrices per layer (qkv, o, gate_up, down), in that order: biases has one entry per matrix, and
     kinds/weights/aux three (its one-row, decode-batch and prefill kernels; see `proj`). dims: heads, kv heads,
     head dim, intermediate size. decode_slots given: every sequence decodes one token (one padded attention
-    call); else attention runs per sequence over offsets/starts/seq_slots.
+    call); else attention runs per sequence over offsets/starts/seq_slots. native: the norms and decode attention
+    run the lab's own ops (Model.native_ops).
     """
     H, KV, D, inter = dims[0], dims[1], dims[2], dims[3]
     q_size, kv_size = H * D, KV * D
     for li in range(len(in_norm)):
         m = 4 * li
-        h = rms_norm(x, in_norm[li], eps)
+        h = rms_norm(x, in_norm[li], eps, native)
         qkv = proj(h, m, kinds, weights, aux, biases, decode_max_rows)
         qk = rope(qkv[:, : q_size + kv_size].view(-1, H + KV, D), cos, sin)
         q, k = qk[:, :H], qk[:, H:]
@@ -151,11 +159,12 @@ def layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, new_slots: tor
         k_pools[li].index_copy_(0, new_slots, k)
         v_pools[li].index_copy_(0, new_slots, v)
         if decode_slots is not None:
-            out = attend_decode(q, k_pools[li], v_pools[li], decode_slots, decode_mask, KV, D, scale)
+            out = attend_decode(q, k_pools[li], v_pools[li], decode_slots, decode_mask, decode_lengths, KV, D, scale,
+                                native)
         else:
             out = attend_seqs(q, k_pools[li], v_pools[li], offsets, starts, seq_slots)
         x = x + proj(out.reshape(-1, H * D), m + 1, kinds, weights, aux, biases, decode_max_rows)
-        h = rms_norm(x, post_norm[li], eps)
+        h = rms_norm(x, post_norm[li], eps, native)
         gu = proj(h, m + 2, kinds, weights, aux, biases, decode_max_rows)
         x = x + proj(F.silu(gu[:, :inter]) * gu[:, inter:], m + 3, kinds, weights, aux, biases, decode_max_rows)
     return x

@@ -163,3 +163,55 @@ def test_switched_off_the_formats_run_torchs_kernels():
     first, kinds = out.stdout.strip().splitlines()
     assert first == "False not built: switched off (INFERLAB_NATIVE=0)"
     assert kinds == f"[{scripted.INT8}]"
+
+
+# ---- the small ops: the norm and single-query attention -------------------------------------------------------
+
+def test_rms_norm_equals_torchs(built):
+    x = torch.randn(5, 576) * torch.linspace(0.01, 30, 576)
+    w = torch.randn(576)
+    got = torch.ops.inferlab.rms_norm(x, w, 1e-5)
+    want = torch.nn.functional.rms_norm(x.double(), [576], w.double(), 1e-5)
+    assert rel(got, want) < 1e-6
+    assert torch.equal(torch.ops.inferlab.rms_norm(x[2:3], w, 1e-5), got[2:3])  # a row alone: the same bits
+
+
+def attention_reference(q, k_pool, v_pool, slots, lengths, scale):
+    B, H, D = q.shape
+    KV = k_pool.shape[1]
+    out = torch.zeros(B, H, D, dtype=torch.float64)
+    for b in range(B):
+        s = slots[b, : lengths[b]]
+        k = k_pool[s].double().repeat_interleave(H // KV, dim=1)  # [T, H, D]
+        v = v_pool[s].double().repeat_interleave(H // KV, dim=1)
+        p = torch.softmax(torch.einsum("hd,thd->ht", q[b].double(), k) * scale, dim=-1)
+        out[b] = torch.einsum("ht,thd->hd", p, v)
+    return out
+
+
+@pytest.mark.parametrize("B,T", [(1, 65), (3, 40), (20, 400)])
+def test_decode_attention_reads_the_pool_by_slots(built, B, T):
+    """Each sequence attends over its own slots (scattered in the pool) up to its own length; padding beyond
+    it is never read (it holds NaN here). (20, 400): enough work to be split over threads."""
+    H, KV, D, S = 9, 3, 64, 10_000
+    k_pool, v_pool = torch.randn(S, KV, D), torch.randn(S, KV, D)
+    g = torch.Generator().manual_seed(1)
+    slots = torch.randperm(S, generator=g)[: B * T].view(B, T).contiguous()  # disjoint, scattered
+    lengths = torch.tensor([T - 7 * i % T for i in range(B)]).clamp(min=1)
+    for b in range(B):
+        k_pool[slots[b, lengths[b]:]] = float("nan")
+        v_pool[slots[b, lengths[b]:]] = float("nan")
+    q = torch.randn(B, H, D)
+    got = torch.ops.inferlab.decode_attention(q, k_pool, v_pool, slots, lengths, 0.125)
+    assert rel(got, attention_reference(q, k_pool, v_pool, slots, lengths, 0.125)) < 1e-5
+    two = compute.run(lambda: torch.ops.inferlab.decode_attention(q, k_pool, v_pool, slots, lengths, 0.125))
+    assert torch.equal(got, two)  # the compute thread's thread count changes nothing
+
+
+def test_decode_attention_refuses_slots_outside_the_pool(built):
+    k_pool = torch.randn(100, 3, 64)
+    q = torch.randn(1, 9, 64)
+    with pytest.raises(RuntimeError, match="slot"):
+        torch.ops.inferlab.decode_attention(q, k_pool, k_pool, torch.tensor([[5, 100]]), torch.tensor([2]), 0.1)
+    with pytest.raises(RuntimeError, match="length"):
+        torch.ops.inferlab.decode_attention(q, k_pool, k_pool, torch.tensor([[5, 6]]), torch.tensor([3]), 0.1)

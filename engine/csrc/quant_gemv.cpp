@@ -413,6 +413,96 @@ at::Tensor i8_linear(const at::Tensor& x_in, const at::Tensor& codes, const at::
   return y;
 }
 
+// ---- the small ops of a decode step ---------------------------------------------------------------------------
+// A decode step also runs ~1,000 small torch ops; each costs microseconds of dispatch, and on 2 threads some of
+// them (the attention's batched matmuls) open a parallel region that first wakes a sleeping thread. These two
+// replace the largest groups: the norm (F.rms_norm took ~10 us for 576 numbers) and single-query attention
+// (gather K and V, two batched matmuls, a softmax: ~8 ops a layer).
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float total = 0.f;
+#ifdef INFERLAB_AVX2
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  total = hsum(_mm256_add_ps(acc0, acc1));
+#endif
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+// x [M, H] float32, w [H] float32: x * rsqrt(mean(x^2) + eps) * w, row by row
+at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w, double eps) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && x_in.dim() == 2 &&
+              w.dim() == 1 && w.size(0) == x_in.size(1) && w.is_contiguous(), "rms_norm: float32 x [M, H] and w [H]");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), H = x.size(1);
+  at::Tensor y = at::empty_like(x);
+  const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t r = 0; r < M; ++r) {
+    const float* row = xp + r * H;
+    const float inv = 1.f / std::sqrt(dot(row, row, H) / static_cast<float>(H) + static_cast<float>(eps));
+    for (int64_t i = 0; i < H; ++i) yp[r * H + i] = row[i] * inv * wp[i];
+  }
+  return y;
+}
+
+// One query per sequence, read straight from the paged pool: q [B, H, D]; k_pool, v_pool [S, KV, D]; slots
+// [B, T] (each sequence's context slots, padded); lengths [B] (its context length <= T) -> [B, H, D].
+// softmax(q . k * scale) over the context, then the weighted sum of v; the query heads of one K/V head share it.
+at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                            const at::Tensor& slots, const at::Tensor& lengths, double scale) {
+  TORCH_CHECK(q_in.scalar_type() == at::kFloat && q_in.dim() == 3, "decode_attention: q must be float32 [B, H, D]");
+  TORCH_CHECK(k_pool.scalar_type() == at::kFloat && v_pool.scalar_type() == at::kFloat && k_pool.is_contiguous() &&
+              v_pool.is_contiguous() && k_pool.dim() == 3 && k_pool.sizes() == v_pool.sizes(),
+              "decode_attention: pools must be contiguous float32 [S, KV, D]");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 2 && slots.is_contiguous() &&
+              lengths.scalar_type() == at::kLong && lengths.numel() == slots.size(0), "decode_attention: slots/lengths");
+  const at::Tensor q = q_in.contiguous();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), S = k_pool.size(0), KV = k_pool.size(1), T = slots.size(1);
+  TORCH_CHECK(B == slots.size(0) && D == k_pool.size(2) && KV > 0 && H % KV == 0, "decode_attention: shapes");
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t* lp = lengths.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(lp[b] >= 1 && lp[b] <= T, "decode_attention: a length outside 1..", T);
+    for (int64_t t = 0; t < lp[b]; ++t) TORCH_CHECK(sp[b * T + t] >= 0 && sp[b * T + t] < S, "decode_attention: slot");
+  }
+  at::Tensor out = at::zeros_like(q);
+  const float *qp = q.data_ptr<float>(), *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t group = H / KV;
+  auto one = [&](int64_t bh) {  // sequence b, query head h
+    const int64_t b = bh / H, h = bh % H, kvh = h / group, len = lp[b];
+    std::vector<float> p(len);
+    float top = -INFINITY;
+    for (int64_t t = 0; t < len; ++t) {
+      p[t] = dot(qp + bh * D, kp + (sp[b * T + t] * KV + kvh) * D, D) * static_cast<float>(scale);
+      top = std::fmax(top, p[t]);
+    }
+    float sum = 0.f;
+    for (int64_t t = 0; t < len; ++t) sum += (p[t] = std::exp(p[t] - top));
+    float* o = op + bh * D;
+    for (int64_t t = 0; t < len; ++t) {
+      const float wt = p[t] / sum;
+      const float* v = vp + (sp[b * T + t] * KV + kvh) * D;
+      for (int64_t i = 0; i < D; ++i) o[i] += wt * v[i];
+    }
+  };
+  // a single sequence's heads are too little work to share; a room's step splits them over the threads
+  if (B * H * T < 64 * 1024) {
+    for (int64_t bh = 0; bh < B * H; ++bh) one(bh);
+  } else {
+    parallel_rows(B * H * kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t bh = lo / kGrain; bh < hi / kGrain; ++bh) one(bh);
+    });
+  }
+  return out;
+}
+
 std::string isa() {
 #if defined(INFERLAB_VNNI)
   return "avx512-vnni";
@@ -430,6 +520,8 @@ std::string isa() {
 TORCH_LIBRARY_IMPL(inferlab, CPU, m) {
   m.impl("q4_linear", &q4_linear);
   m.impl("i8_linear", &i8_linear);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("decode_attention", &decode_attention);
 }
 
 TORCH_LIBRARY_FRAGMENT(inferlab_native, m) { m.def("isa() -> str", &isa); }
