@@ -187,7 +187,7 @@ class Model:
         q4: for weights="q4", {name: (codes, scale, low)} of every projection (engine/quant.py)."""
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
         self.weights = weights
-        H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        D = spec.head_dim
         if weights in ("int8", "q4") and dtype != torch.float32:
             raise ValueError(f"weights={weights!r} runs with float32 activations: leave dtype at torch.float32")
 
@@ -217,7 +217,6 @@ class Model:
         self.head = kernels.build(head_fmt, [head], [None], "head", None, measure)[0]
         self.layers = [dict(in_norm=w(p + "input_layernorm.weight"), post_norm=w(p + "post_attention_layernorm.weight"),
                             **{key: built[key][i] for key in proj}) for i, p in enumerate(names)]
-        self.q_size, self.kv_size = H * D, KV * D
         self.scale = 1.0 / math.sqrt(D)
         # the lab's own norm and decode-attention ops (engine/native.py) on both paths, where they are built
         self.native_ops = self.device.type == "cpu" and dtype == torch.float32 and native.available()
@@ -295,10 +294,6 @@ class Model:
     # ---- building blocks ----------------------------------------------------------------------
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return scripted.rms_norm(x, weight, self.spec.rms_norm_eps, self.native_ops)
-
-    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x: [N, heads, D]; cos/sin: [N, 1, D]. Rotate-half convention, as in the HF checkpoints.
-        return scripted.rope(x, cos, sin)
 
     def logits(self, hidden: torch.Tensor, prefer_decode: bool = False) -> torch.Tensor:
         return self.head(self.rms_norm(hidden, self.final_norm), prefer_decode).float()
@@ -379,12 +374,7 @@ class Model:
         for li, layer in enumerate(layers):
             h = self.rms_norm(x, layer["in_norm"])
             qkv = layer["qkv"](h)
-            # q and k heads side by side get their rotation in one pass
-            qk = self.rope(qkv[:, : self.q_size + self.kv_size].view(-1, H + KV, D), cos, sin)
-            q, k = qk[:, :H], qk[:, H:]
-            v = qkv[:, self.q_size + self.kv_size :].view(-1, KV, D)
-            kv.k[li].index_copy_(0, new_slots, k)
-            kv.v[li].index_copy_(0, new_slots, v)
+            q = scripted.rope_store(qkv, cos, sin, kv.k[li], kv.v[li], new_slots, H, KV, D, self.native_ops)
             record = capture is not None and capture.attention and li in attn_layers
             if decode_ctx is not None:
                 out, probs = self._attend_decode(q, kv, li, decode_ctx, record)
@@ -406,7 +396,7 @@ class Model:
             h = self.rms_norm(x, layer["post_norm"])
             gu = layer["gate_up"](h)
             inter = spec.intermediate_size
-            x = x + layer["down"](F.silu(gu[:, :inter]) * gu[:, inter:])
+            x = x + layer["down"](scripted.silu_mul(gu, inter, self.native_ops))
             if residuals is not None:
                 residuals.append(x)
 

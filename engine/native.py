@@ -33,6 +33,9 @@ _lib = torch.library.Library("inferlab", "DEF")
 _lib.define("q4_linear(Tensor x, Tensor codes, Tensor dm) -> Tensor")
 _lib.define("i8_linear(Tensor x, Tensor codes, Tensor scale) -> Tensor")
 _lib.define("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor")
+_lib.define("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor slots, "
+            "int heads, int kv_heads) -> Tensor")
+_lib.define("silu_mul(Tensor gu) -> Tensor")
 _lib.define("decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor slots, Tensor lengths, float scale) -> Tensor")
 
 _log = logging.getLogger(__name__)

@@ -92,6 +92,27 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + rotated * sin
 
 
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+               new_slots: torch.Tensor, heads: int, kv_heads: int, head_dim: int, native: bool = False) -> torch.Tensor:
+    """The new tokens' q and k rotated, their k and v written into the pool at their slots; returns q [N, H, D].
+    native: one pass of the lab's (engine/native.py) instead of ~12 torch ops."""
+    if native and qkv.dtype == torch.float32:
+        return torch.ops.inferlab.rope_store(qkv, cos, sin, k_pool, v_pool, new_slots, heads, kv_heads)
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    # q and k heads side by side get their rotation in one pass
+    qk = rope(qkv[:, : q_size + kv_size].view(-1, heads + kv_heads, head_dim), cos, sin)
+    k_pool.index_copy_(0, new_slots, qk[:, heads:])
+    v_pool.index_copy_(0, new_slots, qkv[:, q_size + kv_size:].view(-1, kv_heads, head_dim))
+    return qk[:, :heads]
+
+
+def silu_mul(gu: torch.Tensor, inter: int, native: bool = False) -> torch.Tensor:
+    """silu(gate) * up from the fused gate/up projection."""
+    if native and gu.dtype == torch.float32:
+        return torch.ops.inferlab.silu_mul(gu)
+    return F.silu(gu[:, :inter]) * gu[:, inter:]
+
+
 def attend_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                   mask: Optional[torch.Tensor], lengths: Optional[torch.Tensor], num_kv_heads: int, head_dim: int,
                   scale: float, native: bool = False) -> torch.Tensor:
@@ -148,16 +169,11 @@ def layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, new_slots: tor
     run the lab's own ops (Model.native_ops).
     """
     H, KV, D, inter = dims[0], dims[1], dims[2], dims[3]
-    q_size, kv_size = H * D, KV * D
     for li in range(len(in_norm)):
         m = 4 * li
         h = rms_norm(x, in_norm[li], eps, native)
         qkv = proj(h, m, kinds, weights, aux, biases, decode_max_rows)
-        qk = rope(qkv[:, : q_size + kv_size].view(-1, H + KV, D), cos, sin)
-        q, k = qk[:, :H], qk[:, H:]
-        v = qkv[:, q_size + kv_size:].view(-1, KV, D)
-        k_pools[li].index_copy_(0, new_slots, k)
-        v_pools[li].index_copy_(0, new_slots, v)
+        q = rope_store(qkv, cos, sin, k_pools[li], v_pools[li], new_slots, H, KV, D, native)
         if decode_slots is not None:
             out = attend_decode(q, k_pools[li], v_pools[li], decode_slots, decode_mask, decode_lengths, KV, D, scale,
                                 native)
@@ -166,7 +182,7 @@ def layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, new_slots: tor
         x = x + proj(out.reshape(-1, H * D), m + 1, kinds, weights, aux, biases, decode_max_rows)
         h = rms_norm(x, post_norm[li], eps, native)
         gu = proj(h, m + 2, kinds, weights, aux, biases, decode_max_rows)
-        x = x + proj(F.silu(gu[:, :inter]) * gu[:, inter:], m + 3, kinds, weights, aux, biases, decode_max_rows)
+        x = x + proj(silu_mul(gu, inter, native), m + 3, kinds, weights, aux, biases, decode_max_rows)
     return x
 
 

@@ -215,3 +215,26 @@ def test_decode_attention_refuses_slots_outside_the_pool(built):
         torch.ops.inferlab.decode_attention(q, k_pool, k_pool, torch.tensor([[5, 100]]), torch.tensor([2]), 0.1)
     with pytest.raises(RuntimeError, match="length"):
         torch.ops.inferlab.decode_attention(q, k_pool, k_pool, torch.tensor([[5, 6]]), torch.tensor([3]), 0.1)
+
+
+def test_rope_store_and_silu_mul_equal_the_torch_ops(built):
+    """The fused passes against the torch ops they replace (engine/scripted.py's other branch), on 5 new tokens
+    written to scattered slots: q rotated, k rotated into the pool, v copied; nothing else in the pool moves."""
+    H, KV, D, N, S = 9, 3, 64, 5, 200
+    qkv = torch.randn(N, (H + 2 * KV) * D)
+    freqs = torch.randn(N, D // 2)
+    cos, sin = torch.cat([freqs, freqs], -1).cos()[:, None], torch.cat([freqs, freqs], -1).sin()[:, None]
+    slots = torch.tensor([7, 150, 3, 99, 42])
+    pools = [torch.randn(S, KV, D) for _ in range(4)]
+    before = pools[0].clone()
+    q = scripted.rope_store(qkv, cos, sin, pools[0], pools[1], slots, H, KV, D, native=True)
+    want_q = scripted.rope_store(qkv, cos, sin, pools[2], pools[3], slots, H, KV, D, native=False)
+    assert rel(q, want_q.double()) < 1e-6
+    assert rel(pools[0][slots], pools[2][slots].double()) < 1e-6 and torch.equal(pools[1][slots], pools[3][slots])
+    others = torch.ones(S, dtype=torch.bool)
+    others[slots] = False
+    assert torch.equal(pools[0][others], before[others])
+    gu = torch.randn(N, 2 * 1536) * 4
+    assert rel(scripted.silu_mul(gu, 1536, native=True), scripted.silu_mul(gu, 1536).double()) < 1e-6
+    with pytest.raises(RuntimeError, match="slot"):
+        torch.ops.inferlab.rope_store(qkv, cos, sin, pools[0], pools[1], torch.tensor([0, 1, 2, 3, S]), H, KV)

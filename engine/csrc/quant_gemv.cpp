@@ -503,6 +503,60 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, co
   return out;
 }
 
+// New tokens' rotary embedding and K/V write in one pass: qkv [N, (H + 2 KV) * D] (q, k, v of each new token),
+// cos and sin [N, 1, D] (rotate-half convention, as the checkpoints use), slots [N]: the pool rows the tokens'
+// K and V go to. Returns q [N, H, D] rotated; k is rotated on its way into k_pool, v copied into v_pool.
+at::Tensor rope_store(const at::Tensor& qkv_in, const at::Tensor& cos_in, const at::Tensor& sin_in, at::Tensor k_pool,
+                      at::Tensor v_pool, const at::Tensor& slots, int64_t H, int64_t KV) {
+  TORCH_CHECK(k_pool.scalar_type() == at::kFloat && v_pool.scalar_type() == at::kFloat && k_pool.is_contiguous() &&
+              v_pool.is_contiguous() && k_pool.dim() == 3 && k_pool.sizes() == v_pool.sizes() && k_pool.size(1) == KV,
+              "rope_store: pools must be contiguous float32 [S, KV, D]");
+  const int64_t S = k_pool.size(0), D = k_pool.size(2), half = D / 2;
+  const at::Tensor qkv = qkv_in.contiguous(), cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  const int64_t N = qkv.size(0);
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.dim() == 2 && qkv.size(1) == (H + 2 * KV) * D && D % 2 == 0,
+              "rope_store: qkv must be float32 [N, (heads + 2 kv_heads) * head_dim]");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.numel() == N * D &&
+              sin.numel() == N * D, "rope_store: cos and sin must be float32 [N, 1, D]");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == N, "rope_store: one slot per new token");
+  const at::Tensor sl = slots.contiguous();
+  const int64_t* sp = sl.data_ptr<int64_t>();
+  for (int64_t n = 0; n < N; ++n) TORCH_CHECK(sp[n] >= 0 && sp[n] < S, "rope_store: a slot outside the pool");
+  at::Tensor q = at::empty({N, H, D}, qkv.options());
+  const float *xp = qkv.data_ptr<float>(), *cp = cos.data_ptr<float>(), *snp = sin.data_ptr<float>();
+  float *qp = q.data_ptr<float>(), *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
+  for (int64_t n = 0; n < N; ++n) {
+    const float *row = xp + n * (H + 2 * KV) * D, *c = cp + n * D, *s = snp + n * D;
+    for (int64_t h = 0; h < H + KV; ++h) {  // x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1)
+      const float* x = row + h * D;
+      float* y = h < H ? qp + (n * H + h) * D : kp + (sp[n] * KV + h - H) * D;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = x[i], b = x[i + half];
+        y[i] = a * c[i] + (-b) * s[i];
+        y[i + half] = b * c[i + half] + a * s[i + half];
+      }
+    }
+    std::memcpy(vp + sp[n] * KV * D, row + (H + KV) * D, KV * D * sizeof(float));
+  }
+  return q;
+}
+
+// gu [N, 2I] (the fused gate and up projections) -> silu(gate) * up [N, I]
+at::Tensor silu_mul(const at::Tensor& gu_in) {
+  const at::Tensor gu = gu_in.contiguous();
+  TORCH_CHECK(gu.scalar_type() == at::kFloat && gu.dim() == 2 && gu.size(1) % 2 == 0, "silu_mul: float32 [N, 2I]");
+  const int64_t N = gu.size(0), I = gu.size(1) / 2;
+  at::Tensor y = at::empty({N, I}, gu.options());
+  const float* gp = gu.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < I; ++i) {
+      const float g = gp[n * 2 * I + i];
+      yp[n * I + i] = g / (1.f + std::exp(-g)) * gp[n * 2 * I + I + i];
+    }
+  return y;
+}
+
 std::string isa() {
 #if defined(INFERLAB_VNNI)
   return "avx512-vnni";
@@ -522,6 +576,8 @@ TORCH_LIBRARY_IMPL(inferlab, CPU, m) {
   m.impl("i8_linear", &i8_linear);
   m.impl("rms_norm", &rms_norm);
   m.impl("decode_attention", &decode_attention);
+  m.impl("rope_store", &rope_store);
+  m.impl("silu_mul", &silu_mul);
 }
 
 TORCH_LIBRARY_FRAGMENT(inferlab_native, m) { m.def("isa() -> str", &isa); }
