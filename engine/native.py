@@ -1,9 +1,11 @@
-"""The lab's own CPU kernels (engine/csrc/quant_gemv.cpp): decode-sized matmuls over q4 and int8 weights with
-integer dot products, built on first use with the machine's C++ compiler and kept in a cache.
+"""The lab's own CPU kernels (engine/csrc/decode_kernels.cpp), built on first use with the machine's C++ compiler
+and kept in a cache: one-row matmuls over q4 and int8 weights with integer dot products, and four fused small
+ops of a decode step (rms_norm, rope_store, decode_attention, silu_mul).
 
-Why a compiled kernel: torch's weight-only kernels widen each weight to float before multiplying; at one row a
-q4 decode step then does arithmetic at 8-18 GB/s of weights, far below the memory's speed (issue 14). The
-file's docstring says how the integer path works and what it rounds.
+Why compiled kernels: torch's weight-only kernels widen each weight to float before multiplying; at one row a
+q4 decode step then does arithmetic at 8-18 GB/s of weights, far below the memory's speed (issue 14); and a
+step's ~1,000 small torch ops cost microseconds of dispatch each. The C++ file's header says how the integer
+path works and what it rounds. Model.native_ops turns the small ops on for float32 CPU models.
 
 Built for this machine (`-march=native`, so the cache key holds the CPU's flags) into INFERLAB_CACHE (default
 ~/.cache/inferlab)/native/. Where there is no compiler, or INFERLAB_NATIVE=0, `available()` is False and the
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("csrc") / "quant_gemv.cpp"
+SOURCE = Path(__file__).with_name("csrc") / "decode_kernels.cpp"
 BUILD_TIMEOUT_S = 600
 
 _lib = torch.library.Library("inferlab", "DEF")
@@ -72,7 +74,7 @@ def _command(out: Path) -> list[str]:
 def _build() -> Path:
     key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), sys.version.encode(),
                                      _cpu_flags().encode(), " ".join(_command(Path("x"))).encode()]))
-    out = cache_dir() / f"quant_gemv-{key.hexdigest()[:16]}.so"
+    out = cache_dir() / f"decode_kernels-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The lab's own CPU kernels (engine/native.py, engine/csrc/quant_gemv.cpp): they compute exactly the sum their
+"""The lab's own CPU kernels (engine/native.py, engine/csrc/decode_kernels.cpp): they compute exactly the sum their
 docstring states (activations quantized per block of 32, integer dot products with the weights' own codes), on
 the bundled GGUF's real codes and on shapes that reach every remainder path; results do not depend on the rows
 beside them or on the thread count; bad inputs raise, and the engine still runs without them."""

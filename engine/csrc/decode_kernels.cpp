@@ -1,4 +1,7 @@
-// Decode-sized matmuls over 4-bit and 8-bit weights with integer dot products (engine/native.py builds this file).
+// The lab's own CPU kernels for a decode step (engine/native.py builds this file): one-row matmuls over 4-bit and
+// 8-bit weights with integer dot products, the step's largest groups of small ops fused (the norm, rotary + K/V
+// write, single-query attention over the paged pool, silu * up; see below), and the helper threads they split
+// rows over.
 //
 // Why: torch's CPU weight-only kernels widen every weight to float before multiplying: at one row they run at
 // 8-18 GB/s here, so a q4 decode step was bound by arithmetic, not by the bytes it reads. Here, as in
@@ -16,6 +19,9 @@
 // Only the activations are rounded (to ~1/254 of their block's largest value, about bf16's precision, which
 // torch's kernels round them to). Every output row is computed by one thread in one order, so results do not
 // depend on the thread count or on the other rows of the batch.
+//
+// Every op checks its inputs' types, shapes and slots and raises (a Python RuntimeError) rather than read
+// outside a tensor.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>  // at::get_num_threads
 #include <torch/library.h>
