@@ -32,7 +32,7 @@ class ModelHolder:
     machine: dict = field(default_factory=dict)
 
     def load(self, registry, **engine_kwargs) -> None:
-        from engine import Engine
+        from engine import Engine, native
         from engine.metrics import measure_bandwidth, measure_peak_flops
 
         def progress(fraction: float, message: str) -> None:
@@ -51,7 +51,8 @@ class ModelHolder:
             self.error = f"Could not load model {self.source!r}: {type(exc).__name__}: {exc}"
             return
         self.model_id, self.spec = base.model_id, base.spec
-        log.info("weights %s; kernels: %s", base.model.weights, base.model.kernels())
+        log.info("weights %s; kernels: %s; the lab's CPU kernels: %s", base.model.weights, base.model.kernels(),
+                 native.status())
         registry.base = base
         gc.freeze()  # what loading made lives as long as the process: later collections need not walk it
         self.ready, self.progress, self.message = True, 1.0, "ready"
