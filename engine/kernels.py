@@ -39,6 +39,7 @@ from . import native, scripted
 FORMATS = ("fp32", "bf16", "int8", "q4")
 DECODE_MAX_ROWS = 32  # a decode batch (a room of twenty tabs), or one verification of k drafts
 PREFILL_ROWS = 128  # the row count prefill kernels are timed at
+CLEAR_WIN = 0.9  # another candidate than the first is chosen only below this fraction of the first's time
 GROUP = 32  # q4's group size along the input dimension (GGUF Q4_1's block)
 KIND_NAMES = {scripted.MKL: "MKL F.linear", scripted.ONEDNN: "oneDNN packed", scripted.INT8: "int8 weight-only",
               scripted.INT4: "int4 g32 weight-only", scripted.NATIVE_Q4: "q4 integer dots (the lab's)",
@@ -161,8 +162,9 @@ _chosen: dict[tuple, int] = {}  # (format, phase, shape, row count) -> index of 
 def choose(key: tuple, options: list[list[Kernel]], rows: tuple[int, ...], in_features: int, reps: int = 5) -> int:
     """Index of the fastest option (each: the same candidate kind for several matrices) over inputs of each row
     count in `rows` (summed), timed interleaved; remembered for the process, so every model of one format runs
-    the same kernels. An option over 3x the fastest after one timed pass is not timed again (the int8 kernel
-    takes ~0.3 s for a 128-row head)."""
+    the same kernels. Another option than the first must be clearly faster (CLEAR_WIN) to be chosen. An option
+    over 3x the fastest after one timed pass is not timed again (the int8 kernel takes ~0.3 s for a 128-row
+    head)."""
     if key not in _chosen:
         device = options[0][0].weight.device
         xs = [torch.randn(n, in_features, device=device) for n in rows]
@@ -177,7 +179,10 @@ def choose(key: tuple, options: list[list[Kernel]], rows: tuple[int, ...], in_fe
                     best[i] = min(best[i], time.perf_counter() - t)
             if rep == 1:
                 alive = [i for i in alive if best[i] <= 3 * min(best)]
-        _chosen[key] = min(range(len(options)), key=best.__getitem__) if alive else 0
+        fastest = min(range(len(options)), key=best.__getitem__) if alive else 0
+        # a near-tie goes to the first candidate, so a format's kernels (and so its numbers: the lab's q4 kernel
+        # and torch's round the activations differently) do not flip from run to run with the machine's noise
+        _chosen[key] = fastest if best[fastest] < CLEAR_WIN * best[0] else 0
     return _chosen[key]
 
 
