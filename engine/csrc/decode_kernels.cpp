@@ -277,57 +277,79 @@ void q4_dot4(const uint8_t* w, const uint16_t* dm, int64_t G, const Quantized& a
 // Why not OpenMP (at::parallel_for): the engine keeps OpenMP's waiting short (GOMP_SPINCOUNT=1000, so a step
 // does not collapse when other processes share the cores: engine/openmp_env.py), and then each parallel region
 // first wakes a sleeping thread: ~50 us here, 121 regions a q4 decode step, which made 2 threads slower than 1.
-// These helpers wait for the next matmul spinning for at most kSpin (a decode step's matmuls come ~20-40 us
-// apart), yielding the core to anything else that wants it, and sleep after that. The caller takes part 0.
+// These helpers wait for the next matmul for at most kSpin (a decode step's matmuls come ~20-40 us apart),
+// yielding the core to anything else that wants it, and then sleep.
+//
+// And no barrier: a job is cut into chunks that the caller and the helpers claim one at a time, so when a
+// helper has lost its core to another process the caller does the chunks itself instead of waiting a time
+// slice for it (with fixed halves, two busy processes beside us made a 2-thread q4 step 18x the 1-thread one).
+// The caller waits only for a chunk a helper has already begun.
 constexpr auto kSpin = std::chrono::microseconds(200);
+constexpr int kChunksPerThread = 4;
 
 class Pool {
  public:
   explicit Pool(int size) {
-    for (int part = 1; part < size; ++part) threads_.emplace_back([this, part] { loop(part); });
+    for (int i = 1; i < size; ++i) threads_.emplace_back([this] { loop(); });
   }
   int size() const { return static_cast<int>(threads_.size()) + 1; }
 
-  // fn(part) for every part 0 .. size() - 1, part 0 on the calling thread; returns when all have run. Every
-  // helper takes part in every job, so none can still be on a job when the next one is posted.
-  void run(const std::function<void(int)>& fn) {
+  // fn(chunk) for every chunk 0 .. chunks - 1, on this thread and on whichever helpers come; returns when all
+  // have run
+  void run(int chunks, const std::function<void(int)>& fn) {
     std::unique_lock<std::mutex> mine(busy_, std::try_to_lock);
-    if (!mine.owns_lock()) {  // another thread is using the pool: run every part here instead
-      for (int part = 0; part < size(); ++part) fn(part);
+    if (!mine.owns_lock()) {  // another thread is using the pool: run every chunk here instead
+      for (int c = 0; c < chunks; ++c) fn(c);
       return;
     }
-    job_ = &fn;
-    pending_.store(size() - 1, std::memory_order_relaxed);
-    seq_.fetch_add(1, std::memory_order_release);
-    { std::lock_guard<std::mutex> lock(mutex_); }  // a helper between its check and its wait sees the new seq
+    job_.store(&fn, std::memory_order_relaxed);
+    chunks_.store(chunks, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    const uint64_t seq = (claim_.load(std::memory_order_relaxed) >> 32) + 1;
+    claim_.store(seq << 32, std::memory_order_release);  // the job's number, and its next chunk: 0
+    { std::lock_guard<std::mutex> lock(mutex_); }  // a helper between its check and its wait sees the new job
     wake_.notify_all();
-    fn(0);
-    while (pending_.load(std::memory_order_acquire) != 0) sched_yield();
+    work(seq);
+    while (done_.load(std::memory_order_acquire) < chunks) sched_yield();
   }
 
  private:
-  void loop(int part) {
+  // claim and run chunks of job `seq` until none is left (or a newer job has replaced it)
+  void work(uint64_t seq) {
+    uint64_t v = claim_.load(std::memory_order_acquire);
+    while ((v >> 32) == seq && static_cast<int>(v & 0xFFFFFFFFu) < chunks_.load(std::memory_order_relaxed)) {
+      if (claim_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) {
+        // the job cannot end (and its fn go away) before this chunk is counted done
+        (*job_.load(std::memory_order_relaxed))(static_cast<int>(v & 0xFFFFFFFFu));
+        done_.fetch_add(1, std::memory_order_release);
+        v = claim_.load(std::memory_order_acquire);
+      }
+    }
+  }
+
+  void loop() {
     uint64_t seen = 0;
+    auto posted = [&] { return (claim_.load(std::memory_order_acquire) >> 32) != seen; };
     for (;;) {
       const auto start = std::chrono::steady_clock::now();
-      while (seq_.load(std::memory_order_acquire) == seen) {
+      while (!posted()) {
         if (std::chrono::steady_clock::now() - start > kSpin) {
           std::unique_lock<std::mutex> lock(mutex_);
-          wake_.wait(lock, [&] { return seq_.load(std::memory_order_acquire) != seen; });
+          wake_.wait(lock, posted);
           break;
         }
         sched_yield();
       }
-      seen = seq_.load(std::memory_order_acquire);
-      (*job_)(part);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      seen = claim_.load(std::memory_order_acquire) >> 32;
+      work(seen);
     }
   }
 
   std::vector<std::thread> threads_;
-  std::atomic<uint64_t> seq_{0};
-  std::atomic<int> pending_{0};
-  const std::function<void(int)>* job_ = nullptr;
+  std::atomic<uint64_t> claim_{0};  // (job number << 32) | next unclaimed chunk
+  std::atomic<int> done_{0};
+  std::atomic<const std::function<void(int)>*> job_{nullptr};
+  std::atomic<int> chunks_{0};
   std::mutex mutex_, busy_;
   std::condition_variable wake_;
 };
@@ -348,14 +370,15 @@ Pool* pool_of(int threads) {
   return pool;
 }
 
-// Rows [0, n) in equal parts over the calling thread's torch thread count (on the compute thread: the thread
-// governor's choice), at least kGrain rows a part; a part without rows does nothing.
+// Rows [0, n) in chunks of at least kGrain rows, over the calling thread's torch thread count (on the compute
+// thread: the thread governor's choice).
 void parallel_rows(int64_t n, const std::function<void(int64_t, int64_t)>& body) {
   const int threads = at::get_num_threads();
   if (threads <= 1 || n < 2 * kGrain) return body(0, n);
-  const int64_t step = std::max(kGrain, (n + threads - 1) / threads);
-  pool_of(threads)->run([&](int part) {
-    const int64_t lo = part * step, hi = std::min(n, lo + step);
+  const int64_t chunks = std::min<int64_t>(threads * kChunksPerThread, n / kGrain);
+  const int64_t step = (n + chunks - 1) / chunks;
+  pool_of(threads)->run(static_cast<int>(chunks), [&](int c) {
+    const int64_t lo = c * step, hi = std::min(n, lo + step);
     if (lo < hi) body(lo, hi);
   });
 }
