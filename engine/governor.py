@@ -71,7 +71,10 @@ class Governor:
         self.clock = clock
         self.enabled = _SET_THREADS is not None  # off where the thread count cannot be set per thread
         self.ceiling = 0  # compute.THREADS when last seen; after a change (set_threads) it probes at once
-        self.current = 0
+        # (model, batch bucket) -> its thread count: models differ (the lab's q4 kernels gain from 2 threads
+        # where fp32's oneDNN ones may not), so one model's probes do not move another's count
+        self.choice: dict[tuple, int] = {}
+        self.last_key: tuple | None = None
         self.steps: dict[tuple, deque] = {}  # (key, threads) -> recent step seconds
         self.interval = MIN_INTERVAL_S
         self.next_probe = 0.0  # clock() time
@@ -84,8 +87,8 @@ class Governor:
     def _ceiling_changed(self) -> None:
         """compute.set_threads changed the maximum: keep what was measured (per thread count), look again now."""
         self.ceiling = compute.THREADS
-        if self.ceiling > 1:  # at 1 the governor rests: its last choice stays for when the maximum returns
-            self.current = min(self.current or self.ceiling, self.ceiling)
+        if self.ceiling > 1:  # at 1 the governor rests: its last choices stay for when the maximum returns
+            self.choice = {key: min(n, self.ceiling) for key, n in self.choice.items()}
         self.probe = None
         self.next_probe = self.clock()
 
@@ -96,15 +99,16 @@ class Governor:
             self._ceiling_changed()
         if not self.enabled or self.ceiling <= 1:
             return
-        key = (id(model), _bucket(batch))
+        key = self.last_key = (id(model), _bucket(batch))
         if self.probe is not None and self.probe[1] != key:
-            self.probe = None  # another batch size: its steps do not compare; try again later
+            self.probe = None  # another batch size or model: its steps do not compare; try again later
+        current = self._current(key)
         if self.probe is None and self.clock() >= self.next_probe \
-                and len(self.steps.get((key, self.current), ())) >= PROBE_STEPS:
-            other = 1 if self.current > 1 else self.ceiling
+                and len(self.steps.get((key, current), ())) >= PROBE_STEPS:
+            other = 1 if current > 1 else self.ceiling
             self.probe = (other, key, [])
             self.probes += 1
-        want = self.probe[0] if self.probe is not None else self.current
+        want = self.probe[0] if self.probe is not None else current
         if torch.get_num_threads() != want:
             _SET_THREADS(want)
 
@@ -115,7 +119,7 @@ class Governor:
         key = (id(model), _bucket(batch))
         threads = torch.get_num_threads()
         self.steps.setdefault((key, threads), deque(maxlen=WINDOW)).append(seconds)
-        mine = self.steps.get((key, self.current))
+        mine = self.steps.get((key, self._current(key)))
         if self.probe is None:
             if mine and len(mine) >= 3 and key in self.baseline and \
                     statistics.median(list(mine)[-3:]) > SLOWDOWN * self.baseline[key]:
@@ -139,16 +143,24 @@ class Governor:
         probe = statistics.median(times[1:] if len(times) > 1 else times)
         won = probe < WIN * ref
         self.last_probe = {"threads": other, "probe_ms": round(probe * 1e3, 2),
-                           "current_threads": self.current, "current_ms": round(ref * 1e3, 2), "won": won}
+                           "current_threads": self._current(key), "current_ms": round(ref * 1e3, 2), "won": won}
         self.probe = None
         if won:
-            self.current = other
+            self.choice[key] = other
             self.switches += 1
             self.baseline[key] = probe
             self._wait(MIN_INTERVAL_S)
         else:
             self.baseline[key] = ref
             self._wait(min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, self.interval * 2)))
+
+    def _current(self, key: tuple) -> int:
+        return self.choice.get(key, self.ceiling)
+
+    @property
+    def current(self) -> int:
+        """The thread count of the last step's model and batch size (the configured maximum before any step)."""
+        return self._current(self.last_key) if self.last_key is not None else (self.ceiling or compute.THREADS)
 
     def _wait(self, interval: float) -> None:
         self.interval = interval
@@ -159,7 +171,7 @@ class Governor:
         order = sorted(self.steps.items(), key=lambda item: (item[0][0][1], item[0][1]))  # batch, threads
         medians = {f"{threads} threads, batch <= {key[1]}": round(statistics.median(ts) * 1e3, 2)
                    for (key, threads), ts in order if ts}
-        return {"enabled": self.enabled, "openmp": openmp_env.SETTING, "threads": self.current or compute.THREADS,
+        return {"enabled": self.enabled, "openmp": openmp_env.SETTING, "threads": self.current,
                 "max_threads": compute.THREADS, "probes": self.probes, "switches": self.switches,
                 "probe_wait_s": round(self.interval, 1), "last_probe": self.last_probe, "recent_step_ms": medians}
 

@@ -104,6 +104,19 @@ def test_steps_of_another_batch_size_do_not_compare(two_threads):
     assert st.gov.last_probe is None and st.gov.current == 2
 
 
+@needs_setter
+def test_one_models_probes_do_not_move_anothers_count(two_threads):
+    """Two models in one process (a bench timing every format, a drafter and its target): each keeps its own
+    count."""
+    st, other = Steps(), Steps()
+    other.gov, other.now = st.gov, st.now
+    st.run([0.040] * PROBE_STEPS)
+    assert st.run([0.030, 0.025, 0.025]) == [1, 1, 1]  # the first model is faster on 1 thread
+    other.now = st.now
+    assert other.run([0.010] * 5) == [2] * 5  # the second still runs on 2: nothing was measured for it
+    assert st.run([0.025]) == [1]
+
+
 def test_off_and_at_one_thread_the_governor_does_nothing(two_threads):
     st = Steps()
     st.gov.enabled = False
