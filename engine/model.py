@@ -218,7 +218,8 @@ class Model:
         self.layers = [dict(in_norm=w(p + "input_layernorm.weight"), post_norm=w(p + "post_attention_layernorm.weight"),
                             **{key: built[key][i] for key in proj}) for i, p in enumerate(names)]
         self.scale = 1.0 / math.sqrt(D)
-        # the lab's own norm and decode-attention ops (engine/native.py) on both paths, where they are built
+        # the lab's fused small ops (norm, rotary + K/V write, decode attention, silu * up: engine/native.py) on
+        # both paths, where they are built
         self.native_ops = self.device.type == "cpu" and dtype == torch.float32 and native.available()
         self._script_args = self._scripted_weights()
         max_pos = spec.max_position if spec.sliding_window is None else min(spec.max_position, spec.sliding_window)
