@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -77,6 +78,9 @@ def _build() -> Path:
     out = cache_dir() / f"decode_kernels-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
+    compiler = _command(out)[0]
+    if shutil.which(compiler) is None:
+        raise RuntimeError(f"no C++ compiler: {compiler!r} is not on this machine ($CXX names another)")
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / ".lock", "w") as lock:  # one process builds; the others wait and load its result
         fcntl.flock(lock, fcntl.LOCK_EX)
