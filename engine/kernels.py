@@ -5,10 +5,12 @@ weight set its speed. Four formats of the same model:
 
   fp32  the reference (parity with transformers). Kernels: MKL `F.linear`, or a oneDNN-packed copy.
   bf16  half the bytes. Kernels: `F.linear` or oneDNN-packed, on bf16 weights.
-  int8  weight-only, one scale per output channel (symmetric): `aten._weight_int8pack_mm`.
+  int8  weight-only, one scale per output channel (symmetric): `aten._weight_int8pack_mm`, or at one row the
+        lab's own kernel over the same codes (engine/native.py).
   q4    weight-only int4 in groups of 32 along the input, a scale and a zero per group:
-        `aten._weight_int4pack_mm_for_cpu`. For the bundled model these are the GGUF file's own Q4_1 codes
-        (engine/quant.py), not a re-quantization of the dequantised floats.
+        `aten._weight_int4pack_mm_for_cpu`, or at one row the lab's own kernel over the Q4_1 blocks as the file
+        stores them. For the bundled model these are the GGUF file's own Q4_1 codes (engine/quant.py), not a
+        re-quantization of the dequantised floats.
 
 Only the matmul sees the format: activations, norms, attention and the KV pool stay float32. torch's quantized
 kernels and bf16 take bf16 activations (torch's int4/int8 CPU kernels are fast only then: ~50x slower with
