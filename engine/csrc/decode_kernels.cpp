@@ -132,6 +132,32 @@ inline __m256 q4_block(const uint8_t* w, float d, const int8_t* xq, float s, __m
 }
 #endif
 
+#ifdef INFERLAB_VNNI
+// The m terms of one q4 row (sum over blocks of m * sum(x)), 16 blocks at a time, added to acc's lanes
+inline __m512 q4_m_terms(const uint16_t* m, const float* xsum, int64_t G, __m512 acc) {
+  for (int64_t g = 0; g < G; g += 16) {
+    const __mmask16 k = G - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (G - g)) - 1);
+    acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g)), _mm512_maskz_loadu_ps(k, xsum + g), acc);
+  }
+  return acc;
+}
+
+// Blocks g and g + 1 of a q4 row in one 512-bit register: [g low nibbles, g + 1 low, g high, g + 1 high] against
+// activations x quantized in that order; each lane's sum times its block's d and its activations' scale
+inline __m512 q4_pair(const uint8_t* w, const uint16_t* d, __m512i x, __m512 lane_s, __m512 acc) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(raw, low4)),
+                                           _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), 1);
+  const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);
+  uint32_t dd;
+  std::memcpy(&dd, d, 4);
+  const __m512 dv = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(dd))));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dv, lane_s), acc);
+}
+#endif
+
 // One output of q4: a row's code bytes w, its d values d[G] and m values m[G], one quantized activation row r.
 float q4_dot(const uint8_t* w, const uint16_t* d, const uint16_t* m, const Quantized& a, int64_t r) {
   const int64_t G = a.G;
@@ -140,30 +166,14 @@ float q4_dot(const uint8_t* w, const uint16_t* d, const uint16_t* m, const Quant
   float msum = 0.f, total = 0.f;
   int64_t g = 0;
 #ifdef INFERLAB_VNNI
-  __m512 macc = _mm512_setzero_ps();
-  for (; g < G; g += 16) {  // the m terms, 16 blocks at a time
-    const __mmask16 k = G - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (G - g)) - 1);
-    const __m512 mv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g));
-    macc = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(k, xsum + g), macc);
-  }
-  msum = _mm512_reduce_add_ps(macc);
-  // two blocks per 512-bit register: [a low nibbles, b low, a high, b high] against activations in that order
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+  msum = _mm512_reduce_add_ps(q4_m_terms(m, xsum, G, _mm512_setzero_ps()));
   const float* lane_s = a.lane_s.data() + r * a.K / 4;
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  for (g = 0; g + 2 <= G; g += 2) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 16));
-    const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(raw, low4)),
-                                             _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), 1);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();  // two sums: two blocks' latencies overlap
+  for (; g + 2 <= G; g += 2) {
     const __m512i x = _mm512_loadu_si512(xq + g * kBlock);
-    const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);
-    uint32_t dd;
-    std::memcpy(&dd, d + g, 4);
-    const __m512 dv = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(dd))));
-    const __m512 scale = _mm512_mul_ps(dv, _mm512_loadu_ps(lane_s + g * 8));
-    if (g & 2) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc1);
-    else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc0);
+    const __m512 ls = _mm512_loadu_ps(lane_s + g * 8);
+    if (g & 2) acc1 = q4_pair(w + g * 16, d + g, x, ls, acc1);
+    else acc0 = q4_pair(w + g * 16, d + g, x, ls, acc0);
   }
   total = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
   if (g < G)
@@ -237,32 +247,15 @@ void q4_dot4(const uint8_t* w, const uint16_t* dm, int64_t G, const Quantized& a
   const int8_t* xq = a.q.data() + r * a.K;
   const float *s = a.s.data() + r * G, *xsum = a.sum.data() + r * G;
   const float* lane_s = a.lane_s.data() + r * a.K / 4;
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
   __m512 acc[4];
-  for (int i = 0; i < 4; ++i) {  // each sum starts with its row's m terms, 16 blocks at a time
-    const uint16_t* m = dm + (2 * i + 1) * G;
-    acc[i] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; g += 16) {
-      const __mmask16 k = G - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (G - g)) - 1);
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g)), _mm512_maskz_loadu_ps(k, xsum + g), acc[i]);
-    }
-  }
+  for (int i = 0; i < 4; ++i)  // each sum starts with its row's m terms
+    acc[i] = q4_m_terms(dm + (2 * i + 1) * G, xsum, G, _mm512_setzero_ps());
   int64_t g = 0;
   for (; g + 2 <= G; g += 2) {
     const __m512i x = _mm512_loadu_si512(xq + g * kBlock);
     const __m512 ls = _mm512_loadu_ps(lane_s + g * 8);
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (i * G + g) * 16));
-      const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(raw, low4)),
-                                               _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), 1);
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);
-      uint32_t dd;
-      std::memcpy(&dd, dm + 2 * i * G + g, 4);
-      const __m512 dv = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(dd))));
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dv, ls), acc[i]);
-    }
+    for (int i = 0; i < 4; ++i) acc[i] = q4_pair(w + (i * G + g) * 16, dm + 2 * i * G + g, x, ls, acc[i]);
   }
   for (int i = 0; i < 4; ++i) {
     out[i] = _mm512_reduce_add_ps(acc[i]);
