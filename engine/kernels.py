@@ -45,7 +45,8 @@ CLEAR_WIN = 0.9  # another candidate than the first is chosen only below this fr
 GROUP = 32  # q4's group size along the input dimension (GGUF Q4_1's block)
 KIND_NAMES = {scripted.MKL: "MKL F.linear", scripted.ONEDNN: "oneDNN packed", scripted.INT8: "int8 weight-only",
               scripted.INT4: "int4 g32 weight-only", scripted.NATIVE_Q4: "q4 integer dots (the lab's)",
-              scripted.NATIVE_I8: "int8 integer dots (the lab's)"}
+              scripted.NATIVE_I8: "int8 integer dots (the lab's)", scripted.NATIVE_F32: "fp32 row streams (the lab's)",
+              scripted.NATIVE_BF16: "bf16 row streams (the lab's)"}
 PHASES = ("single", "decode", "prefill")  # the input sizes timed apart: 1 row, a decode batch, a prefill
 PHASE_ROWS = ((1,), (16,), (PREFILL_ROWS,))
 
@@ -56,7 +57,7 @@ class Kernel:
 
     kind: int
     weight: torch.Tensor
-    aux: Optional[torch.Tensor] = None  # int8: per-channel scales; int4: scales and zeros per group; the lab's q4: d, m
+    aux: Optional[torch.Tensor] = None  # int8: per-channel scales; int4: scales and zeros per group
 
     @property
     def nbytes(self) -> int:
@@ -127,8 +128,7 @@ def int4_groups(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> 
 
 def native_q4(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> Kernel:
     """The lab's q4 kernel over the GGUF blocks as they are: code bytes, and each row's fp16 d and m values."""
-    packed, dm = native.q4_weights(codes, scale, low)
-    return Kernel(scripted.NATIVE_Q4, packed, dm)
+    return Kernel(scripted.NATIVE_Q4, native.q4_rows(codes, scale, low))
 
 
 def native_i8(k: Kernel) -> Kernel:
@@ -139,22 +139,21 @@ def native_i8(k: Kernel) -> Kernel:
 def candidates(fmt: str, w: torch.Tensor, q4: tuple | None = None) -> tuple[list[Kernel], ...]:
     """(one-row, decode-batch, prefill candidates) of one matrix in `fmt`; w is its float32 weight (for q4, the
     dequantised one; q4 carries the codes, scales and lows)."""
+    own = native.available() and w.device.type == "cpu"
     if fmt == "fp32":
         plain = Kernel(scripted.MKL, w.contiguous())
         decode = [plain] + [k for k in [_onednn(plain.weight)] if k]
         # prefill keeps MKL: the kernel transformers uses, so prompt logits match the reference to ~1e-5
-        return decode, decode, [plain]
+        return [Kernel(scripted.NATIVE_F32, plain.weight)] * own + decode, decode, [plain]
     half = w.to(torch.bfloat16).contiguous()
     bf16 = [Kernel(scripted.MKL, half)] + [k for k in [_onednn(half)] if k]
     if fmt == "bf16":
-        return bf16, bf16, bf16
+        return [Kernel(scripted.NATIVE_BF16, half)] * own + bf16, bf16, bf16
     if w.device.type != "cpu":
         raise ValueError(f"weights={fmt!r} runs on CPU only (its kernels are torch's CPU ones)")
     quant = int8_per_channel(w) if fmt == "int8" else int4_groups(*q4)
-    own = []
-    if native.available():
-        own = [native_i8(quant) if fmt == "int8" else native_q4(*q4)]
-    return own + [quant], [quant], [quant] + bf16
+    mine = [native_i8(quant) if fmt == "int8" else native_q4(*q4)] if own else []
+    return mine + [quant], [quant], [quant] + bf16
 
 
 # ---- choosing by measurement --------------------------------------------------------------------------------

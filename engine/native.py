@@ -33,8 +33,10 @@ SOURCE = Path(__file__).with_name("csrc") / "decode_kernels.cpp"
 BUILD_TIMEOUT_S = 600
 
 _lib = torch.library.Library("inferlab", "DEF")
-_lib.define("q4_linear(Tensor x, Tensor codes, Tensor dm) -> Tensor")
+_lib.define("q4_linear(Tensor x, Tensor rows) -> Tensor")
 _lib.define("i8_linear(Tensor x, Tensor codes, Tensor scale) -> Tensor")
+_lib.define("f32_linear(Tensor x, Tensor w) -> Tensor")
+_lib.define("bf16_linear(Tensor x, Tensor w) -> Tensor")
 _lib.define("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor")
 _lib.define("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor slots, "
             "int heads, int kv_heads) -> Tensor")
@@ -120,10 +122,12 @@ def status() -> str:
     return f"built for {torch.ops.inferlab_native.isa()} ({_state['path'].name})"
 
 
-def q4_weights(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(code bytes [N, K/2] in Q4_1's block layout, fp16 [N, 2, K/32]: each row's d values, then its m values)
-    from codes [N, K] in 0..15 and per-block scale d and low m [N, K/32] (w = d * code + m)."""
+def q4_rows(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, 20 * K/32]: each row's code bytes in Q4_1's block layout (K/2), then its d values and its m
+    values as fp16 (K/32 each), from codes [N, K] in 0..15 and per-block scale d and low m [N, K/32]
+    (w = d * code + m). The same 20 bytes per 32 weights as the GGUF, a row's bytes together."""
     n, k = codes.shape
     blocks = codes.to(torch.uint8).reshape(n, k // 32, 2, 16)
-    packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
-    return packed, torch.stack([scale.half(), low.half()], dim=1).contiguous()
+    packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2)
+    dm = torch.cat([scale.half(), low.half()], dim=1).contiguous().view(torch.uint8)
+    return torch.cat([packed, dm], dim=1).contiguous()

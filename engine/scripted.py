@@ -31,7 +31,7 @@ from . import native  # noqa: F401  (defines the torch.ops.inferlab schemas `mat
 
 # The matmul kernels of engine.kernels (`matmul` spells them as literals: TorchScript functions cannot read
 # module globals)
-MKL, ONEDNN, INT8, INT4, NATIVE_Q4, NATIVE_I8 = 0, 1, 2, 3, 4, 5
+MKL, ONEDNN, INT8, INT4, NATIVE_Q4, NATIVE_I8, NATIVE_F32, NATIVE_BF16 = 0, 1, 2, 3, 4, 5, 6, 7
 
 
 def matmul(x: torch.Tensor, kind: int, weight: torch.Tensor, aux: Optional[torch.Tensor],
@@ -51,11 +51,15 @@ def matmul(x: torch.Tensor, kind: int, weight: torch.Tensor, aux: Optional[torch
         assert aux is not None
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), weight, 32, aux)
         same = False
-    elif kind == 4 or kind == 5:  # NATIVE_Q4, NATIVE_I8 (engine/native.py): float32 in, float32 out
-        assert aux is not None
+    elif kind >= 4:  # NATIVE_Q4, NATIVE_I8, NATIVE_F32, NATIVE_BF16 (engine/native.py): float32 in and out
         if kind == 4:
-            y = torch.ops.inferlab.q4_linear(x, weight, aux)
+            y = torch.ops.inferlab.q4_linear(x, weight)
+        elif kind == 6:
+            y = torch.ops.inferlab.f32_linear(x, weight)
+        elif kind == 7:
+            y = torch.ops.inferlab.bf16_linear(x, weight)
         else:
+            assert aux is not None
             y = torch.ops.inferlab.i8_linear(x, weight, aux)
         return y if bias is None else y + bias
     else:

@@ -73,9 +73,13 @@ def test_q4_kernel_computes_its_stated_sum_on_the_gguf_codes(built, q4_codes, na
     assert rel(got, q4_reference(x, codes, scale, low)) < 1e-5
     # and the sum is the matmul with the file's own weights, up to the activations' rounding
     assert rel(got, x.double() @ dequantise(codes, scale, low).double().T) < 0.02
-    # the block layout: Q4_1's bytes (code j low nibble, code j + 16 high), each row's d values then its m values
-    assert k.weight.shape == (codes.shape[0], codes.shape[1] // 2) and k.aux.shape == (codes.shape[0], 2, codes.shape[1] // 32)
-    assert k.nbytes == codes.numel() // 2 + codes.numel() // 32 * 4  # 20 bytes per 32 weights, as in the GGUF
+    # the row layout: Q4_1's code bytes (code j low nibble, code j + 16 high), then the row's d values, then its m
+    # values, as fp16: 20 bytes per 32 weights, as in the GGUF
+    n, kk = codes.shape
+    assert k.weight.shape == (n, kk // 2 + kk // 32 * 4) and k.aux is None
+    assert k.nbytes == codes.numel() // 2 + codes.numel() // 32 * 4
+    assert torch.equal(k.weight[:, kk // 2:].contiguous().view(torch.float16)[:, : kk // 32], scale.half())
+    assert torch.equal(k.weight[:, :kk // 2] & 0x0F, codes.view(n, -1, 2, 16)[:, :, 0].reshape(n, -1).to(torch.uint8))
 
 
 @pytest.mark.parametrize("n,k", [(7, 96), (9, 64), (130, 1536), (5, 32)])
@@ -99,6 +103,18 @@ def test_int8_kernel_computes_its_stated_sum(built, n, k):
     assert rel(got, x.double() @ (base.weight.double() * base.aux.double()[:, None]).T) < 0.02
 
 
+@pytest.mark.parametrize("n,k", [(960, 576), (5, 1536), (3, 40), (66, 100)])
+def test_float_kernels_compute_the_product(built, n, k):
+    """fp32 and bf16 weights against float32 rows (a K that is no multiple of 16 reaches the masked tail); bf16
+    weights are widened exactly and the rows are not rounded, so both are the float64 product to ~1e-6."""
+    w = torch.randn(n, k)
+    x = torch.randn(3, k)
+    for kind, weight in ((scripted.NATIVE_F32, w), (scripted.NATIVE_BF16, w.bfloat16())):
+        got = scripted.matmul(x, kind, weight, None, None)
+        assert got.dtype == torch.float32 and got.shape == (3, n)
+        assert rel(got, x.double() @ weight.double().T) < 1e-5
+
+
 def test_zero_rows_and_bias(built):
     codes, scale, low = random_q4(8, 64)
     kern = kernels.native_q4(codes, scale, low)
@@ -114,14 +130,18 @@ def test_zero_rows_and_bias(built):
 def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_any_thread_count(built, q4_codes):
     codes, scale, low = q4_codes["model.layers.0.mlp.gate_proj.weight"]
     kq = kernels.native_q4(codes, scale, low)
-    k8 = kernels.native_i8(kernels.int8_per_channel(dequantise(codes, scale, low)))
+    w = dequantise(codes, scale, low)
+    k8 = kernels.native_i8(kernels.int8_per_channel(w))
+    kf = kernels.Kernel(scripted.NATIVE_F32, w.contiguous())
+    kb = kernels.Kernel(scripted.NATIVE_BF16, w.bfloat16().contiguous())
     x = torch.randn(6, codes.shape[1])
 
     def run(threads):
         torch.set_num_threads(threads)
         try:
             return [(scripted.matmul(x, k.kind, k.weight, k.aux, None),
-                     [scripted.matmul(x[i:i + 1], k.kind, k.weight, k.aux, None) for i in range(6)]) for k in (kq, k8)]
+                     [scripted.matmul(x[i:i + 1], k.kind, k.weight, k.aux, None) for i in range(6)])
+                    for k in (kq, k8, kf, kb)]
         finally:
             torch.set_num_threads(compute.THREADS)
 
@@ -135,11 +155,15 @@ def test_bad_inputs_raise_instead_of_reading_wrong_memory(built):
     codes, scale, low = random_q4(8, 64)
     kern = kernels.native_q4(codes, scale, low)
     with pytest.raises(RuntimeError, match="columns"):
-        torch.ops.inferlab.q4_linear(torch.randn(1, 96), kern.weight, kern.aux)
+        torch.ops.inferlab.q4_linear(torch.randn(1, 96), kern.weight)
     with pytest.raises(RuntimeError, match="float32"):
-        torch.ops.inferlab.q4_linear(torch.randn(1, 64).double(), kern.weight, kern.aux)
-    with pytest.raises(RuntimeError, match="dm"):
-        torch.ops.inferlab.q4_linear(torch.randn(1, 64), kern.weight, kern.aux[:4])
+        torch.ops.inferlab.q4_linear(torch.randn(1, 64).double(), kern.weight)
+    with pytest.raises(RuntimeError, match="rows"):
+        torch.ops.inferlab.q4_linear(torch.randn(1, 64), kern.weight[:, :30].contiguous())
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.inferlab.f32_linear(torch.randn(1, 64), torch.randn(8, 64).double())
+    with pytest.raises(RuntimeError, match="columns"):
+        torch.ops.inferlab.bf16_linear(torch.randn(1, 96), torch.randn(8, 64).bfloat16())
     base = kernels.int8_per_channel(torch.randn(8, 64))
     with pytest.raises(RuntimeError, match="scale"):
         torch.ops.inferlab.i8_linear(torch.randn(1, 64), base.weight, base.aux.float())
@@ -149,8 +173,9 @@ def test_formats_offer_the_lab_kernels_for_one_row_only(built, q4_codes):
     codes, scale, low = q4_codes["model.layers.0.self_attn.o_proj.weight"]
     single, batch, prefill = kernels.candidates("q4", dequantise(codes, scale, low), (codes, scale, low))
     assert single[0].kind == scripted.NATIVE_Q4 and scripted.NATIVE_Q4 not in {k.kind for k in batch + prefill}
-    single, batch, prefill = kernels.candidates("int8", torch.randn(64, 96))
-    assert single[0].kind == scripted.NATIVE_I8 and scripted.NATIVE_I8 not in {k.kind for k in batch + prefill}
+    for fmt, kind in (("int8", scripted.NATIVE_I8), ("fp32", scripted.NATIVE_F32), ("bf16", scripted.NATIVE_BF16)):
+        single, batch, prefill = kernels.candidates(fmt, torch.randn(64, 96))
+        assert single[0].kind == kind and kind not in {k.kind for k in batch + prefill}
 
 
 def test_switched_off_the_formats_run_torchs_kernels():

@@ -240,32 +240,6 @@ float i8_dot(const int8_t* w, const Quantized& a, int64_t r) {
   return total;
 }
 
-#ifdef INFERLAB_VNNI
-// Four outputs of q4 at once (rows w, w + stride, ...): one load of each activation pair and its lane scales
-// serves four rows, and four independent sums keep the adder busy.
-void q4_dot4(const uint8_t* w, const uint16_t* dm, int64_t G, const Quantized& a, int64_t r, float* out) {
-  const int8_t* xq = a.q.data() + r * a.K;
-  const float *s = a.s.data() + r * G, *xsum = a.sum.data() + r * G;
-  const float* lane_s = a.lane_s.data() + r * a.K / 4;
-  __m512 acc[4];
-  for (int i = 0; i < 4; ++i)  // each sum starts with its row's m terms
-    acc[i] = q4_m_terms(dm + (2 * i + 1) * G, xsum, G, _mm512_setzero_ps());
-  int64_t g = 0;
-  for (; g + 2 <= G; g += 2) {
-    const __m512i x = _mm512_loadu_si512(xq + g * kBlock);
-    const __m512 ls = _mm512_loadu_ps(lane_s + g * 8);
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) acc[i] = q4_pair(w + (i * G + g) * 16, dm + 2 * i * G + g, x, ls, acc[i]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    out[i] = _mm512_reduce_add_ps(acc[i]);
-    if (g < G)
-      out[i] += hsum(q4_block(w + (i * G + g) * 16, half_to_float(dm[2 * i * G + g]), xq + g * kBlock, s[g],
-                              _mm256_setzero_ps()));
-  }
-}
-#endif
-
 // ---- the kernels' own helper threads ------------------------------------------------------------------------
 // Why not OpenMP (at::parallel_for): the engine keeps OpenMP's waiting short (GOMP_SPINCOUNT=1000, so a step
 // does not collapse when other processes share the cores: engine/openmp_env.py), and then each parallel region
@@ -382,34 +356,25 @@ void check_x(const at::Tensor& x, int64_t K) {
               " (a multiple of 32)");
 }
 
-// x [M, K] float32; codes uint8 [N, K / 2] (Q4_1 blocks' code bytes); dm float16 [N, 2, K / 32] -> [M, N]
-at::Tensor q4_linear(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& dm) {
-  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 2 && codes.is_contiguous(), "codes: uint8 [N, K/2]");
-  TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous(), "dm: float16 [N, 2, K/32]");
-  const int64_t N = codes.size(0), K = codes.size(1) * 2, G = K / kBlock;
-  TORCH_CHECK(dm.numel() == N * G * 2, "dm must hold a d and an m per block");
+// x [M, K] float32; rows uint8 [N, 5K/8]: each output row's Q4_1 code bytes [K/2], then its d values and its m
+// values (fp16 [K/32] each) -> [M, N]. A row's bytes lie together: the weights are read as one stream.
+at::Tensor q4_linear(const at::Tensor& x_in, const at::Tensor& rows) {
+  TORCH_CHECK(rows.scalar_type() == at::kByte && rows.dim() == 2 && rows.is_contiguous() && rows.size(1) % 20 == 0,
+              "rows: uint8 [N, 20 bytes per block of 32 weights]");
+  const int64_t N = rows.size(0), R = rows.size(1), G = R / 20, K = G * kBlock;
   const at::Tensor x = x_in.contiguous();
   check_x(x, K);
   const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
   const Quantized a = quantize(x.data_ptr<float>(), M, K, true);
-  const uint8_t* wp = codes.data_ptr<uint8_t>();
-  const uint16_t* dmp = reinterpret_cast<const uint16_t*>(dm.data_ptr<at::Half>());
+  const uint8_t* wp = rows.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   parallel_rows(N, [&](int64_t n0, int64_t n1) {
-    int64_t n = n0;
-#ifdef INFERLAB_VNNI
-    float out[4];
-    // four rows at once pays for short rows; measured slower on long ones (1,536 columns), which stay one by one
-    for (; G <= 24 && n + 4 <= n1; n += 4)
-      for (int64_t r = 0; r < M; ++r) {
-        q4_dot4(wp + n * G * 16, dmp + n * 2 * G, G, a, r, out);
-        for (int i = 0; i < 4; ++i) yp[r * N + n + i] = out[i];
-      }
-#endif
-    for (; n < n1; ++n)
-      for (int64_t r = 0; r < M; ++r)
-        yp[r * N + n] = q4_dot(wp + n * G * 16, dmp + n * 2 * G, dmp + n * 2 * G + G, a, r);
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* row = wp + n * R;
+      const uint16_t* d = reinterpret_cast<const uint16_t*>(row + K / 2);
+      for (int64_t r = 0; r < M; ++r) yp[r * N + n] = q4_dot(row, d, d + G, a, r);
+    }
   });
   return y;
 }
@@ -433,6 +398,80 @@ at::Tensor i8_linear(const at::Tensor& x_in, const at::Tensor& codes, const at::
       for (int64_t r = 0; r < M; ++r) yp[r * N + n] = bf16_to_float(sp[n]) * i8_dot(wp + n * K, a, r);
   });
   return y;
+}
+
+// ---- one-row matmuls over float weights (fp32, bf16) ----------------------------------------------------------
+// At one row, MKL's fp32 gemv and oneDNN's bf16 kernel read the weights at 7-13 GB/s here, a third of the memory's
+// speed (issue 14). These stream four weight rows at a time against the activation row (which stays in L1), with
+// one fused multiply-add per 16 weights: bound by the bytes. bf16 weights are widened exactly (a bf16 is a
+// float's upper half), and the activations stay float32 (torch's bf16 kernels round them to bf16 too).
+inline float widen(float w) { return w; }
+inline float widen(uint16_t w) { return bf16_to_float(w); }
+
+#ifdef INFERLAB_VNNI
+inline __m512 load16(const float* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
+inline __m512 load16(const uint16_t* p, __mmask16 k) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p)), 16));
+}
+
+// y = row w . x, 64 columns a step in four independent sums, the last steps masked. One row at a time: on this
+// machine one weight stream per core read at 20 GB/s, and four rows side by side at 12 (the prefetchers follow
+// one stream best).
+template <typename T>
+inline float dense_dot(const T* w, int64_t K, const float* x) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64)
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+      acc[i] = _mm512_fmadd_ps(load16(w + k + 16 * i, 0xFFFF), _mm512_loadu_ps(x + k + 16 * i), acc[i]);
+  for (; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+    acc[0] = _mm512_fmadd_ps(load16(w + k, m), _mm512_maskz_loadu_ps(m, x + k), acc[0]);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+#else
+template <typename T>
+inline float dense_dot(const T* w, int64_t K, const float* x) {
+  float part[8] = {0.f};  // eight running sums, which the compiler can keep in one vector register
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8)
+    for (int j = 0; j < 8; ++j) part[j] += widen(w[k + j]) * x[k + j];
+  for (; k < K; ++k) part[0] += widen(w[k]) * x[k];
+  float total = 0.f;
+  for (int j = 0; j < 8; ++j) total += part[j];
+  return total;
+}
+#endif
+
+// x [M, K] float32; w [N, K] of T -> [M, N]; every output by one thread in one order (batch- and thread-invariant)
+template <typename T>
+at::Tensor dense_linear(const at::Tensor& x_in, const T* wp, int64_t N, int64_t K) {
+  const at::Tensor x = x_in.contiguous();
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.size(1) == K,
+              "x must be float32 [M, K] on CPU with the weights' K = ", K, " columns");
+  const int64_t M = x.size(0);
+  at::Tensor y = at::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  parallel_rows(N, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t r = 0; r < M; ++r) yp[r * N + n] = dense_dot(wp + n * K, K, xp + r * K);
+  });
+  return y;
+}
+
+// x [M, K] float32; w [N, K] float32 -> [M, N]
+at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 2 && w.is_contiguous(), "w: contiguous float32 [N, K]");
+  return dense_linear(x, w.data_ptr<float>(), w.size(0), w.size(1));
+}
+
+// x [M, K] float32; w [N, K] bfloat16 -> [M, N] (float32 arithmetic)
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.is_contiguous(), "w: contiguous bfloat16 [N, K]");
+  return dense_linear(x, reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), w.size(0), w.size(1));
 }
 
 // ---- the small ops of a decode step ---------------------------------------------------------------------------
@@ -596,6 +635,8 @@ std::string isa() {
 TORCH_LIBRARY_IMPL(inferlab, CPU, m) {
   m.impl("q4_linear", &q4_linear);
   m.impl("i8_linear", &i8_linear);
+  m.impl("f32_linear", &f32_linear);
+  m.impl("bf16_linear", &bf16_linear);
   m.impl("rms_norm", &rms_norm);
   m.impl("decode_attention", &decode_attention);
   m.impl("rope_store", &rope_store);
