@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from . import compute, kernels, metrics
+from . import compute, governor, kernels, metrics
 from . import grammar as grammar_mod
 from . import speculative as spec_mod
 from .checks import StepFailed, as_bool, as_instance, as_int, as_text, as_token_ids, type_error, value_error
@@ -665,7 +665,8 @@ class Engine:
         w.t_forward = time.perf_counter()
         self._forward(w)
         w.t_sample = time.perf_counter()
-        self._sample_or_verify(w)
+        with governor.one_thread():  # small vector ops: waking a second thread costs more than it saves
+            self._sample_or_verify(w)
         self._settle_blocks(w)
         w.t_end = time.perf_counter()
         return self._make_event(w)

@@ -3,8 +3,10 @@
 A decode step reads every weight once to produce a handful of rows: it is a memory stream, and the bytes per
 weight set its speed. Four formats of the same model:
 
-  fp32  the reference (parity with transformers). Kernels: MKL `F.linear`, or a oneDNN-packed copy.
-  bf16  half the bytes. Kernels: `F.linear` or oneDNN-packed, on bf16 weights.
+  fp32  the reference (parity with transformers). Kernels: MKL `F.linear`, or a oneDNN-packed copy, or at one
+        row the lab's own (engine/native.py: one weight stream per core, 2x MKL's gemv here).
+  bf16  half the bytes. Kernels: `F.linear` or oneDNN-packed, on bf16 weights, or at one row the lab's own
+        (float32 arithmetic on the exactly widened weights).
   int8  weight-only, one scale per output channel (symmetric): `aten._weight_int8pack_mm`, or at one row the
         lab's own kernel over the same codes (engine/native.py).
   q4    weight-only int4 in groups of 32 along the input, a scale and a zero per group:
@@ -24,9 +26,10 @@ candidate is timed on the model's own matrices (`choose`), once per format and s
 fastest kept; `Linear.describe()` says what runs where (`python -m engine ... --stats` prints it).
 Three input sizes are timed apart, because the winners differ: one row (a single sequence's decode step), a
 decode batch (2 to DECODE_MAX_ROWS rows: a room's step, a verification of k drafts; timed at 16) and prefill
-(timed at PREFILL_ROWS). The lab's one-row kernels read q4 at 1.2-1.6x torch's speed at one row but lose 2x at
-16, and the quantized kernels that win at one row lose 5-20x at 128 rows to a bf16 copy, which prefill then
-uses (its memory is the price).
+(timed at PREFILL_ROWS). The lab's one-row kernels win at one row but lose 2-4x at 16, and the quantized
+kernels lose 2x at 16-32 rows and 5-20x at 128 to a bf16 copy, which decode batches and prefill then use (its
+memory is the price). Candidates are timed with the caches emptied first (`_evict_caches`), as a decode step
+meets them.
 """
 from __future__ import annotations
 
@@ -153,7 +156,9 @@ def candidates(fmt: str, w: torch.Tensor, q4: tuple | None = None) -> tuple[list
         raise ValueError(f"weights={fmt!r} runs on CPU only (its kernels are torch's CPU ones)")
     quant = int8_per_channel(w) if fmt == "int8" else int4_groups(*q4)
     mine = [native_i8(quant) if fmt == "int8" else native_q4(*q4)] if own else []
-    return mine + [quant], [quant], [quant] + bf16
+    # the bf16 copy prefill needs anyway is also a decode-batch candidate: at 16-32 rows oneDNN's bf16 kernel
+    # took half the time of torch's int4 one here (a room's step, a prompt of up to DECODE_MAX_ROWS tokens)
+    return mine + [quant], [quant] + bf16, [quant] + bf16
 
 
 # ---- choosing by measurement --------------------------------------------------------------------------------
@@ -173,6 +178,7 @@ def choose(key: tuple, options: list[list[Kernel]], rows: tuple[int, ...], in_fe
         alive = list(range(len(options))) if len(options) > 1 else []
         for rep in range(reps + 1):  # the first pass warms up (packing, allocation, paging in): not counted
             for i in alive:
+                _evict_caches(device)
                 t = time.perf_counter()
                 for x in xs:
                     _run_all(options[i], x)
@@ -185,6 +191,21 @@ def choose(key: tuple, options: list[list[Kernel]], rows: tuple[int, ...], in_fe
         # and torch's round the activations differently) do not flip from run to run with the machine's noise
         _chosen[key] = fastest if best[fastest] < CLEAR_WIN * best[0] else 0
     return _chosen[key]
+
+
+_EVICT_BYTES = 64 << 20  # twice the largest last-level cache of these machines (32 MB)
+_evictor: list[torch.Tensor] = []
+
+
+def _evict_caches(device: torch.device) -> None:
+    """Read a buffer larger than the CPU's caches, so the next timing reads its weights from memory, as a decode
+    step does (it streams every matrix once). Timed with hot caches, a layer's 10 MB of q4 weights fit in L3 and
+    the arithmetic-bound kernel won; in the step the other one was 1.6x faster."""
+    if device.type != "cpu":
+        return
+    if not _evictor:
+        _evictor.append(torch.ones(_EVICT_BYTES // 4))
+    _evictor[0].sum()
 
 
 def _run_all(kernels: list[Kernel], x: torch.Tensor) -> None:

@@ -17,6 +17,7 @@ slow whenever the web app's threads were busy), with bitwise the same results.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -267,7 +268,7 @@ class Model:
     def element_size(self) -> int:
         return self.final_norm.element_size()
 
-    @property
+    @functools.cached_property  # every step's event reports it; the weights never change
     def weight_bytes_per_step(self) -> int:
         """Bytes of weights one decode step reads: every layer matrix (in its decode kernel's format), the
         norms and the head once."""
@@ -276,7 +277,7 @@ class Model:
             n += sum(v.nbytes if isinstance(v, Linear) else v.numel() * v.element_size() for v in layer.values())
         return n
 
-    @property
+    @functools.cached_property
     def params_per_step(self) -> int:
         """Weights one decode step reads (whatever bytes each takes in its format)."""
         n = self.head.numel + self.final_norm.numel()
@@ -284,7 +285,7 @@ class Model:
             n += sum(v.numel if isinstance(v, Linear) else v.numel() for v in layer.values())
         return n
 
-    @property
+    @functools.cached_property
     def params_per_token(self) -> int:
         """Multiply-accumulates per token in the matmuls (FLOPs = 2 × this), head included."""
         n = self.head.numel

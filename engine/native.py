@@ -1,6 +1,7 @@
 """The lab's own CPU kernels (engine/csrc/decode_kernels.cpp), built on first use with the machine's C++ compiler
-and kept in a cache: one-row matmuls over q4 and int8 weights with integer dot products, and four fused small
-ops of a decode step (rms_norm, rope_store, decode_attention, silu_mul).
+and kept in a cache: one-row matmuls over q4 and int8 weights with integer dot products, and over fp32 and bf16
+weights as one stream per core; and four fused small ops of a decode step (rms_norm, rope_store,
+decode_attention, silu_mul).
 
 Why compiled kernels: torch's weight-only kernels widen each weight to float before multiplying; at one row a
 q4 decode step then does arithmetic at 8-18 GB/s of weights, far below the memory's speed (issue 14); and a

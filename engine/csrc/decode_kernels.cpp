@@ -1,7 +1,7 @@
 // The lab's own CPU kernels for a decode step (engine/native.py builds this file): one-row matmuls over 4-bit and
-// 8-bit weights with integer dot products, the step's largest groups of small ops fused (the norm, rotary + K/V
-// write, single-query attention over the paged pool, silu * up; see below), and the helper threads they split
-// rows over.
+// 8-bit weights with integer dot products and over fp32 and bf16 weights as plain streams, the step's largest
+// groups of small ops fused (the norm, rotary + K/V write, single-query attention over the paged pool, silu * up;
+// see below), and the helper threads they split rows over.
 //
 // Why: torch's CPU weight-only kernels widen every weight to float before multiplying: at one row they run at
 // 8-18 GB/s here, so a q4 decode step was bound by arithmetic, not by the bytes it reads. Here, as in
@@ -11,7 +11,8 @@
 //
 //   q4:   w = d * code + m per block of 32 (GGUF Q4_1: fp16 d and m, codes 0..15, byte j of a block holding
 //         code j in its low nibble and code j + 16 in its high one). The weights are the file's own, exactly;
-//         a row's d values are stored together, then its m values (dm [N, 2, G], G = K / 32 blocks).
+//         each output row stores its code bytes, then its d values, then its m values (G = K / 32 each), so a
+//         row is one stream (one stream per core read fastest here).
 //         y = sum over blocks of d * s * (codes . xq) + m * sum(x)
 //   int8: w = scale_row * code (codes -127..127, bf16 row scales: torch's int8 kernel's own tensors).
 //         y = scale_row * sum over blocks of s * (codes . xq)
@@ -168,12 +169,15 @@ float q4_dot(const uint8_t* w, const uint16_t* d, const uint16_t* m, const Quant
 #ifdef INFERLAB_VNNI
   msum = _mm512_reduce_add_ps(q4_m_terms(m, xsum, G, _mm512_setzero_ps()));
   const float* lane_s = a.lane_s.data() + r * a.K / 4;
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();  // two sums: two blocks' latencies overlap
-  for (; g + 2 <= G; g += 2) {
-    const __m512i x = _mm512_loadu_si512(xq + g * kBlock);
-    const __m512 ls = _mm512_loadu_ps(lane_s + g * 8);
-    if (g & 2) acc1 = q4_pair(w + g * 16, d + g, x, ls, acc1);
-    else acc0 = q4_pair(w + g * 16, d + g, x, ls, acc0);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();  // two sums: two pairs' latencies overlap
+  for (; g + 4 <= G; g += 4) {
+    acc0 = q4_pair(w + g * 16, d + g, _mm512_loadu_si512(xq + g * kBlock), _mm512_loadu_ps(lane_s + g * 8), acc0);
+    acc1 = q4_pair(w + g * 16 + 32, d + g + 2, _mm512_loadu_si512(xq + g * kBlock + 64),
+                   _mm512_loadu_ps(lane_s + g * 8 + 16), acc1);
+  }
+  if (g + 2 <= G) {
+    acc0 = q4_pair(w + g * 16, d + g, _mm512_loadu_si512(xq + g * kBlock), _mm512_loadu_ps(lane_s + g * 8), acc0);
+    g += 2;
   }
   total = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
   if (g < G)
@@ -480,10 +484,40 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w) {
 // replace the largest groups: the norm (F.rms_norm took ~10 us for 576 numbers) and single-query attention
 // (gather K and V, two batched matmuls, a softmax: ~8 ops a layer).
 
+#ifdef INFERLAB_VNNI
+// e^x for 16 floats (Cephes' expf: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial for e^r, then times 2^n;
+// ~1 ulp). exp(-inf) = 0, exp(+inf) = inf, NaN stays NaN. The scalar loops it replaces called std::exp one
+// number at a time: ~20 us of a step's silu over 1,536 numbers.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(_mm512_set1_ps(-104.f), x));  // (NaN: the 2nd operand)
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+#endif
+
 inline float dot(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
   float total = 0.f;
-#ifdef INFERLAB_AVX2
+#if defined(INFERLAB_VNNI)
+  __m512 acc = _mm512_setzero_ps();
+  for (; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+  }
+  total = _mm512_reduce_add_ps(acc);
+#elif defined(INFERLAB_AVX2)
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (; i + 16 <= n; i += 16) {
     acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
@@ -512,6 +546,29 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w, double eps) {
   return y;
 }
 
+// p[0..n) <- softmax(p)
+void softmax_inplace(float* p, int64_t n) {
+  float top = -INFINITY, sum = 0.f;
+#ifdef INFERLAB_VNNI
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int64_t t = 0; t < n; t += 16) mx = _mm512_mask_max_ps(mx, tail_mask(n - t), mx, _mm512_loadu_ps(p + t));
+  top = _mm512_reduce_max_ps(mx);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n; t += 16) {
+    const __mmask16 m = tail_mask(n - t);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + t), _mm512_set1_ps(top)));
+    _mm512_mask_storeu_ps(p + t, m, e);
+    acc = _mm512_mask_add_ps(acc, m, acc, e);
+  }
+  sum = _mm512_reduce_add_ps(acc);
+#else
+  for (int64_t t = 0; t < n; ++t) top = std::fmax(top, p[t]);
+  for (int64_t t = 0; t < n; ++t) sum += (p[t] = std::exp(p[t] - top));
+#endif
+  const float inv = 1.f / sum;
+  for (int64_t t = 0; t < n; ++t) p[t] *= inv;
+}
+
 // One query per sequence, read straight from the paged pool: q [B, H, D]; k_pool, v_pool [S, KV, D]; slots
 // [B, T] (each sequence's context slots, padded); lengths [B] (its context length <= T) -> [B, H, D].
 // softmax(q . k * scale) over the context, then the weighted sum of v; the query heads of one K/V head share it.
@@ -536,29 +593,34 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, co
   const float *qp = q.data_ptr<float>(), *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t group = H / KV;
-  auto one = [&](int64_t bh) {  // sequence b, query head h
-    const int64_t b = bh / H, h = bh % H, kvh = h / group, len = lp[b];
-    std::vector<float> p(len);
-    float top = -INFINITY;
+  const float sc = static_cast<float>(scale);
+  // sequence b, K/V head kvh and its `group` query heads together: each K and V row is read once for all of them
+  auto heads_of = [&](int64_t bk) {
+    const int64_t b = bk / KV, kvh = bk % KV, len = lp[b];
+    thread_local std::vector<float> scores;
+    scores.resize(group * len);
+    const float* q0 = qp + (b * H + kvh * group) * D;
+    float* o0 = op + (b * H + kvh * group) * D;
     for (int64_t t = 0; t < len; ++t) {
-      p[t] = dot(qp + bh * D, kp + (sp[b * T + t] * KV + kvh) * D, D) * static_cast<float>(scale);
-      top = std::fmax(top, p[t]);
+      const float* k = kp + (sp[b * T + t] * KV + kvh) * D;
+      for (int64_t g = 0; g < group; ++g) scores[g * len + t] = dot(q0 + g * D, k, D) * sc;
     }
-    float sum = 0.f;
-    for (int64_t t = 0; t < len; ++t) sum += (p[t] = std::exp(p[t] - top));
-    float* o = op + bh * D;
+    for (int64_t g = 0; g < group; ++g) softmax_inplace(scores.data() + g * len, len);
     for (int64_t t = 0; t < len; ++t) {
-      const float wt = p[t] / sum;
       const float* v = vp + (sp[b * T + t] * KV + kvh) * D;
-      for (int64_t i = 0; i < D; ++i) o[i] += wt * v[i];
+      for (int64_t g = 0; g < group; ++g) {
+        const float wt = scores[g * len + t];
+        float* o = o0 + g * D;
+        for (int64_t i = 0; i < D; ++i) o[i] += wt * v[i];
+      }
     }
   };
   // a single sequence's heads are too little work to share; a room's step splits them over the threads
   if (B * H * T < 64 * 1024) {
-    for (int64_t bh = 0; bh < B * H; ++bh) one(bh);
+    for (int64_t bk = 0; bk < B * KV; ++bk) heads_of(bk);
   } else {
-    parallel_rows(B * H * kGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t bh = lo / kGrain; bh < hi / kGrain; ++bh) one(bh);
+    parallel_rows(B * KV * kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t bk = lo / kGrain; bk < hi / kGrain; ++bk) heads_of(bk);
     });
   }
   return out;
@@ -610,11 +672,21 @@ at::Tensor silu_mul(const at::Tensor& gu_in) {
   at::Tensor y = at::empty({N, I}, gu.options());
   const float* gp = gu.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t i = 0; i < I; ++i) {
-      const float g = gp[n * 2 * I + i];
-      yp[n * I + i] = g / (1.f + std::exp(-g)) * gp[n * 2 * I + I + i];
+  for (int64_t n = 0; n < N; ++n) {
+    const float *gate = gp + n * 2 * I, *up = gate + I;
+#ifdef INFERLAB_VNNI
+    for (int64_t i = 0; i < I; i += 16) {
+      const __mmask16 m = tail_mask(I - i);
+      const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+      _mm512_mask_storeu_ps(yp + n * I + i, m,
+                            _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)),
+                                          _mm512_maskz_loadu_ps(m, up + i)));
     }
+#else
+    for (int64_t i = 0; i < I; ++i) yp[n * I + i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+#endif
+  }
   return y;
 }
 
