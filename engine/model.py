@@ -223,6 +223,7 @@ class Model:
         # both paths, where they are built
         self.native_ops = self.device.type == "cpu" and dtype == torch.float32 and native.available()
         self._script_args = self._scripted_weights()
+        self._stack_args = self._native_stack()
         max_pos = spec.max_position if spec.sliding_window is None else min(spec.max_position, spec.sliding_window)
         self.max_model_len = max_pos
         freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), rope_inv_freq(spec))
@@ -256,6 +257,16 @@ class Model:
                     biases=[m.bias for m in mats],
                     dims=[spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size],
                     eps=spec.rms_norm_eps, scale=self.scale, decode_max_rows=kernels.DECODE_MAX_ROWS)
+
+    def _native_stack(self) -> dict | None:
+        """The layers' one-row kernels as the lab's decode_layers op takes them (engine/native.py: a single
+        sequence's decode step through every layer in one native call), where the small ops are the lab's and it
+        can call every one-row kernel (all but oneDNN's); else None, and the scripted stack runs."""
+        mats = [layer[name] for layer in self.layers for name in ("qkv", "o", "gate_up", "down")]
+        if not self.native_ops or any(m.single.kind not in scripted.STACK_KINDS for m in mats):
+            return None
+        return dict(kinds=[m.single.kind for m in mats], weights=[m.single.weight for m in mats],
+                    aux=[m.single.aux for m in mats], biases=[m.bias for m in mats])
 
     def kernels(self) -> dict:
         """Which kernel runs each projection, for decode and for prefill (the same for every layer)."""
@@ -428,6 +439,13 @@ class Model:
                          offsets: list[int], num_layers: int) -> torch.Tensor:
         a = self._script_args
         slots, mask, lengths = decode_ctx if decode_ctx is not None else (None, None, None)
+        stack = self._stack_args
+        if stack is not None and decode_ctx is not None and x.size(0) == 1:  # one sequence, one token
+            n = 4 * num_layers
+            return torch.ops.inferlab.decode_layers(
+                x, cos, sin, new_slots, kv.k_layers[:num_layers], kv.v_layers[:num_layers], a["in_norm"][:num_layers],
+                a["post_norm"][:num_layers], stack["kinds"][:n], stack["weights"][:n], stack["aux"][:n],
+                stack["biases"][:n], a["dims"], a["eps"], a["scale"], slots, lengths)
         return scripted.LAYERS(
             x, cos, sin, new_slots, kv.k_layers[:num_layers], kv.v_layers[:num_layers],
             a["in_norm"][:num_layers], a["post_norm"][:num_layers], a["kinds"][: 12 * num_layers],

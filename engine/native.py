@@ -43,6 +43,9 @@ _lib.define("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_pool, T
             "int heads, int kv_heads) -> Tensor")
 _lib.define("silu_mul(Tensor gu) -> Tensor")
 _lib.define("decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor slots, Tensor lengths, float scale) -> Tensor")
+_lib.define("decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor new_slots, Tensor(a!)[] k_pools, "
+            "Tensor(b!)[] v_pools, Tensor[] in_norm, Tensor[] post_norm, int[] kinds, Tensor[] weights, "
+            "Tensor?[] aux, Tensor?[] biases, int[] dims, float eps, float scale, Tensor slots, Tensor lengths) -> Tensor")
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()

@@ -6,7 +6,7 @@ import threading
 import torch
 from torch.overrides import TorchFunctionMode
 
-from engine import SamplingParams, compute
+from engine import SamplingParams, compute, native
 from engine.model import Capture, KVStorage, SeqInput
 
 NOTHING = Capture(attention=False, logit_lens=False, residual_norms=False, embeddings=False)
@@ -32,6 +32,8 @@ def test_scripted_layers_equal_the_python_path_bitwise(base_engine):
     """capture=None runs engine/scripted.py; a capture that records nothing runs Model.forward's Python loop:
     the same kernels in the same order, so every logit and every K/V value must be identical."""
     model = base_engine.model
+    # with the lab's kernels built, the single decode runs the whole stack as one native call (decode_layers)
+    assert (model._stack_args is not None) == native.available()
     fast = compute.run(_forward_three_ways, model, None)
     slow = compute.run(_forward_three_ways, model, NOTHING)
     for a, b in zip(fast, slow):

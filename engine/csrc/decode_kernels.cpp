@@ -25,6 +25,9 @@
 // outside a tensor.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>  // at::get_num_threads
+#include <ATen/ops/_weight_int4pack_mm_for_cpu.h>
+#include <ATen/ops/_weight_int8pack_mm.h>
+#include <ATen/ops/linear.h>
 #include <torch/library.h>
 
 #include <pthread.h>
@@ -505,6 +508,18 @@ inline __m512 exp16(__m512 x) {
 }
 
 inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+
+// the sums of eight vectors' lanes: out[i] = sum of v[i]'s 16 lanes
+inline __m256 hsum8(const __m512* v) {
+  __m256 h[8];
+  for (int i = 0; i < 8; ++i)  // low half + high half
+    h[i] = _mm256_add_ps(_mm512_castps512_ps256(v[i]),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v[i]), 1)));
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(h[4], h[5]), _mm256_hadd_ps(h[6], h[7]));
+  // s0123 = [h0..h3's sums of lanes 0-3 | the same of lanes 4-7]; likewise s4567
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
 #endif
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -601,11 +616,41 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, co
     scores.resize(group * len);
     const float* q0 = qp + (b * H + kvh * group) * D;
     float* o0 = op + (b * H + kvh * group) * D;
-    for (int64_t t = 0; t < len; ++t) {
+    int64_t t = 0;
+#ifdef INFERLAB_VNNI
+    if (D % 16 == 0)  // eight keys at a time, their eight sums reduced together (one reduction per key cost more)
+      for (; t + 8 <= len; t += 8)
+        for (int64_t g = 0; g < group; ++g) {
+          __m512 acc[8];
+          for (int j = 0; j < 8; ++j) {
+            const float* k = kp + (sp[b * T + t + j] * KV + kvh) * D;
+            acc[j] = _mm512_setzero_ps();
+            for (int64_t i = 0; i < D; i += 16)
+              acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + g * D + i), _mm512_loadu_ps(k + i), acc[j]);
+          }
+          _mm256_storeu_ps(scores.data() + g * len + t, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(sc)));
+        }
+#endif
+    for (; t < len; ++t) {
       const float* k = kp + (sp[b * T + t] * KV + kvh) * D;
       for (int64_t g = 0; g < group; ++g) scores[g * len + t] = dot(q0 + g * D, k, D) * sc;
     }
     for (int64_t g = 0; g < group; ++g) softmax_inplace(scores.data() + g * len, len);
+#ifdef INFERLAB_VNNI
+    if (D % 64 == 0) {  // 64 output dims of one head in four registers, over every key
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t i = 0; i < D; i += 64) {
+          __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+          for (int64_t t = 0; t < len; ++t) {
+            const float* v = vp + (sp[b * T + t] * KV + kvh) * D + i;
+            const __m512 wt = _mm512_set1_ps(scores[g * len + t]);
+            for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(wt, _mm512_loadu_ps(v + 16 * c), acc[c]);
+          }
+          for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o0 + g * D + i + 16 * c, acc[c]);
+        }
+      return;
+    }
+#endif
     for (int64_t t = 0; t < len; ++t) {
       const float* v = vp + (sp[b * T + t] * KV + kvh) * D;
       for (int64_t g = 0; g < group; ++g) {
@@ -690,6 +735,74 @@ at::Tensor silu_mul(const at::Tensor& gu_in) {
   return y;
 }
 
+// ---- one sequence's decode step, the whole layer stack -------------------------------------------------------
+// The same ops in the same order as engine/scripted.py's `layers` (and so as Model.forward's Python path) for a
+// single new token, the small ops and the lab's kernels called here directly: no TorchScript interpreter and no
+// dispatcher between them (~300 calls a step; measured 4-8 % of a q4 or bf16 step). The results are the same
+// bits (tests/test_engine_fastpath.py, tests/test_weights.py): the same kernels, and the residual and bias
+// additions are the same elementwise float additions.
+// engine/scripted.py's `matmul` for every kind but oneDNN's (whose op has no C++ entry here): the same ops with
+// the same casts, so the same bits
+at::Tensor step_linear(const at::Tensor& x, int64_t kind, const at::Tensor& w, const std::optional<at::Tensor>& aux,
+                       const std::optional<at::Tensor>& bias_in) {
+  const std::optional<at::Tensor> bias = bias_in.has_value() && bias_in->defined() ? bias_in : std::nullopt;
+  at::Tensor y;
+  switch (kind) {
+    case 0: {  // MKL: F.linear, in the weight's dtype
+      if (x.scalar_type() == w.scalar_type()) return at::linear(x, w, bias);
+      y = at::linear(x.to(w.scalar_type()), w);
+      break;
+    }
+    case 2:
+      TORCH_CHECK(aux.has_value(), "decode_layers: int8 needs its row scales");
+      y = at::_weight_int8pack_mm(x.to(at::kBFloat16), w, *aux);
+      break;
+    case 3:
+      TORCH_CHECK(aux.has_value(), "decode_layers: int4 needs its scales and zeros");
+      y = at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), w, 32, *aux);
+      break;
+    case 4: y = q4_linear(x, w); return bias ? y + *bias : y;
+    case 5:
+      TORCH_CHECK(aux.has_value(), "decode_layers: int8 needs its row scales");
+      y = i8_linear(x, w, *aux);
+      return bias ? y + *bias : y;
+    case 6: y = f32_linear(x, w); return bias ? y + *bias : y;
+    case 7: y = bf16_linear(x, w); return bias ? y + *bias : y;
+    default: TORCH_CHECK(false, "decode_layers: kernel kind ", kind, " is not run here");
+  }
+  y = y.to(x.scalar_type());  // torch's kernels: back from bf16, then the bias
+  return bias ? y + *bias : y;
+}
+
+at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin,
+                         const at::Tensor& new_slots, at::TensorList k_pools, at::TensorList v_pools,
+                         at::TensorList in_norm, at::TensorList post_norm, at::IntArrayRef kinds,
+                         at::TensorList weights, const c10::List<std::optional<at::Tensor>>& aux,
+                         const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef dims, double eps,
+                         double scale, const at::Tensor& slots, const at::Tensor& lengths) {
+  const int64_t L = static_cast<int64_t>(in_norm.size());
+  TORCH_CHECK(static_cast<int64_t>(post_norm.size()) == L && static_cast<int64_t>(k_pools.size()) == L &&
+              static_cast<int64_t>(v_pools.size()) == L && static_cast<int64_t>(kinds.size()) == 4 * L &&
+              static_cast<int64_t>(weights.size()) == 4 * L && static_cast<int64_t>(aux.size()) == 4 * L &&
+              static_cast<int64_t>(biases.size()) == 4 * L && dims.size() >= 3,
+              "decode_layers: per layer two norms, two pools and four matrices (kind, weight, aux, bias)");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(0) == 1, "decode_layers: one sequence's one new token");
+  const int64_t H = dims[0], KV = dims[1], D = dims[2];
+  auto proj = [&](const at::Tensor& h, int64_t i) {
+    return step_linear(h, kinds[i], weights[i], aux.get(i), biases.get(i));
+  };
+  at::Tensor x = x_in;
+  for (int64_t li = 0; li < L; ++li) {
+    const int64_t m = 4 * li;
+    const at::Tensor q = rope_store(proj(rms_norm(x, in_norm[li], eps), m), cos, sin, k_pools[li], v_pools[li],
+                                    new_slots, H, KV);
+    const at::Tensor out = decode_attention(q, k_pools[li], v_pools[li], slots, lengths, scale);
+    x = x + proj(out.reshape({-1, H * D}), m + 1);
+    x = x + proj(silu_mul(proj(rms_norm(x, post_norm[li], eps), m + 2)), m + 3);
+  }
+  return x;
+}
+
 std::string isa() {
 #if defined(INFERLAB_VNNI)
   return "avx512-vnni";
@@ -713,6 +826,7 @@ TORCH_LIBRARY_IMPL(inferlab, CPU, m) {
   m.impl("decode_attention", &decode_attention);
   m.impl("rope_store", &rope_store);
   m.impl("silu_mul", &silu_mul);
+  m.impl("decode_layers", &decode_layers);
 }
 
 TORCH_LIBRARY_FRAGMENT(inferlab_native, m) { m.def("isa() -> str", &isa); }
