@@ -137,10 +137,13 @@ inline __m256 q4_block(const uint8_t* w, float d, const int8_t* xq, float s, __m
 #endif
 
 #ifdef INFERLAB_VNNI
+// the first `left` of 16 lanes (all 16 when left >= 16)
+inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+
 // The m terms of one q4 row (sum over blocks of m * sum(x)), 16 blocks at a time, added to acc's lanes
 inline __m512 q4_m_terms(const uint16_t* m, const float* xsum, int64_t G, __m512 acc) {
   for (int64_t g = 0; g < G; g += 16) {
-    const __mmask16 k = G - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (G - g)) - 1);
+    const __mmask16 k = tail_mask(G - g);
     acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g)), _mm512_maskz_loadu_ps(k, xsum + g), acc);
   }
   return acc;
@@ -409,9 +412,9 @@ at::Tensor i8_linear(const at::Tensor& x_in, const at::Tensor& codes, const at::
 
 // ---- one-row matmuls over float weights (fp32, bf16) ----------------------------------------------------------
 // At one row, MKL's fp32 gemv and oneDNN's bf16 kernel read the weights at 7-13 GB/s here, a third of the memory's
-// speed (issue 14). These stream four weight rows at a time against the activation row (which stays in L1), with
-// one fused multiply-add per 16 weights: bound by the bytes. bf16 weights are widened exactly (a bf16 is a
-// float's upper half), and the activations stay float32 (torch's bf16 kernels round them to bf16 too).
+// speed (issue 14). These read each weight row as one stream against the activation row (which stays in L1), one
+// fused multiply-add per 16 weights: bound by the bytes. bf16 weights are widened exactly (a bf16 is a float's
+// upper half), and the activations stay float32 (torch's bf16 kernels round them to bf16 too).
 inline float widen(float w) { return w; }
 inline float widen(uint16_t w) { return bf16_to_float(w); }
 
@@ -433,7 +436,7 @@ inline float dense_dot(const T* w, int64_t K, const float* x) {
     for (int i = 0; i < 4; ++i)
       acc[i] = _mm512_fmadd_ps(load16(w + k + 16 * i, 0xFFFF), _mm512_loadu_ps(x + k + 16 * i), acc[i]);
   for (; k < K; k += 16) {
-    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+    const __mmask16 m = tail_mask(K - k);
     acc[0] = _mm512_fmadd_ps(load16(w + k, m), _mm512_maskz_loadu_ps(m, x + k), acc[0]);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
@@ -506,8 +509,6 @@ inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
   return _mm512_scalef_ps(p, n);
 }
-
-inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
 
 // the sums of eight vectors' lanes: out[i] = sum of v[i]'s 16 lanes
 inline __m256 hsum8(const __m512* v) {
