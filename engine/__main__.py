@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{name:>7}: {k['format']}; one row {k['single']}; decode batch {k['decode']}; "
                       f"prefill {k['prefill']}]", file=sys.stderr)
             print(f"[the lab's CPU kernels: {native.status()}]", file=sys.stderr)
+            print(f"[a single sequence's decode step: {eng.model.decode_path}]", file=sys.stderr)
         rid = eng.add_request(args.prompt, params, chat=not args.raw, system=args.system)
         for ev in eng._drive(rid):
             if ev.emitted:

@@ -268,6 +268,15 @@ class Model:
         return dict(kinds=[m.single.kind for m in mats], weights=[m.single.weight for m in mats],
                     aux=[m.single.aux for m in mats], biases=[m.bias for m in mats])
 
+    @property
+    def decode_path(self) -> str:
+        """How an uninstrumented single-sequence decode step runs the layers (for --stats)."""
+        if scripted.LAYERS is None:
+            return "the Python loop (TorchScript unavailable)"
+        if self._stack_args is not None:
+            return "one native call (the lab's decode_layers)"
+        return "the TorchScript stack" + ("" if self.native_ops else " (the lab's kernels are not built)")
+
     def kernels(self) -> dict:
         """Which kernel runs each projection, for decode and for prefill (the same for every layer)."""
         layer = self.layers[0]
