@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 
 import httpx
 import openai
@@ -93,11 +94,26 @@ def test_the_attach_page_draws_the_servers_own_answer(attached):
         # (6) what the server cannot show is said plainly
         assert page.locator("#attach-absent li").count() == 5
         assert page.locator(".at-error").inner_text() == ""
-        # while a longer answer streams (top 5 again), the polls catch the server running it
-        _send(page, 64, 5)
-        page.wait_for_function("""() => { const t = document.getElementById('attach-metrics').data
-                                          .find((d) => d.name === 'running (right axis)');
-                                          return t && Math.max(...t.y) >= 1; }""", timeout=30000)
+        # while the server runs requests, the page's polls (every 2 s) catch it running them: a longer answer
+        # from the page (top 5 again), and more sent straight to the server until a poll has seen one (a
+        # 64-token answer takes ~1.5 s here: it alone can fall between two polls)
+        seen = threading.Event()
+
+        def keep_running():
+            while not seen.is_set():
+                client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}],
+                                               max_tokens=64, temperature=0)
+
+        runner = threading.Thread(target=keep_running, daemon=True)
+        runner.start()
+        try:
+            _send(page, 64, 5)
+            page.wait_for_function("""() => { const t = document.getElementById('attach-metrics').data
+                                              .find((d) => d.name === 'running (right axis)');
+                                              return t && Math.max(...t.y) >= 1; }""", timeout=30000)
+        finally:
+            seen.set()
+            runner.join(timeout=300)
         page.screenshot(path=str(SCREENSHOTS / "attach.png"), full_page=True)
         # the Russian page
         page.goto(url + "/?lang=ru")
