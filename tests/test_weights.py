@@ -158,9 +158,12 @@ def test_q4_drafts_leave_the_sampled_distribution_exact(base_engine, engines):
     p3 = dict(zip(pairs, chain(target, [ctx + list(ab) for ab in pairs], pairs)))
     assert not torch.equal(p1, q1)  # the drafts come from other kernels: a real q, not p itself
     real = (p1, q1, p2, q2, p3)
-    # one fixed seed (a test must not flake); over seeds 0-7 the three p-values spread over (0, 1) as they should
+    # A fixed seed, but p and q themselves move with the kernels timing picks at load (the q4 model's batch kernels
+    # are int4 or a bf16 copy, shape by shape), so the three p-values are draws from (0, 1) run to run (over seeds
+    # 0-11 on one such p and q: 0.01-0.94), and at 0.01 one CI run in ~30 failed (0.0017). At 1e-3 a chance failure
+    # is ~1 in 300; a broken acceptance rule gives p < 1e-6 (tests/test_speculative.py checks that).
     pf, ps, pb = T._pvalues(real, *T._simulate(real, 3000, seed=1))
-    assert pf > 0.01 and ps > 0.01 and pb > 0.01, (pf, ps, pb)
+    assert pf > 1e-3 and ps > 1e-3 and pb > 1e-3, (pf, ps, pb)
 
 
 def _native_call_gives_the_python_paths_bits(model):
