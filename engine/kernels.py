@@ -28,7 +28,7 @@ Three input sizes are timed apart, because the winners differ: one row (a single
 decode batch (2 to DECODE_MAX_ROWS rows: a room's step, a verification of k drafts; timed at 16) and prefill
 (timed at PREFILL_ROWS). The lab's one-row kernels win at one row but lose 2-4x at 16, and the quantized
 kernels lose 2x at 16-32 rows and 5-20x at 128 to a bf16 copy, which decode batches and prefill then use (its
-memory is the price). Candidates are timed with the caches emptied first (`_evict_caches`), as a decode step
+memory is the price). Candidates are timed with the caches emptied first (`_EVICT_BYTES`), as a decode step
 meets them.
 """
 from __future__ import annotations
@@ -176,9 +176,12 @@ def choose(key: tuple, options: list[list[Kernel]], rows: tuple[int, ...], in_fe
         xs = [torch.randn(n, in_features, device=device) for n in rows]
         best = [float("inf")] * len(options)
         alive = list(range(len(options))) if len(options) > 1 else []
+        # freed when this call ends (64 MB kept for the process would be a memory cost on a small Space)
+        evictor = torch.ones(_EVICT_BYTES // 4) if alive and device.type == "cpu" else None
         for rep in range(reps + 1):  # the first pass warms up (packing, allocation, paging in): not counted
             for i in alive:
-                _evict_caches(device)
+                if evictor is not None:
+                    evictor.sum()  # the caches emptied: see _EVICT_BYTES
                 t = time.perf_counter()
                 for x in xs:
                     _run_all(options[i], x)
@@ -193,19 +196,11 @@ def choose(key: tuple, options: list[list[Kernel]], rows: tuple[int, ...], in_fe
     return _chosen[key]
 
 
-_EVICT_BYTES = 64 << 20  # twice the largest last-level cache of these machines (32 MB)
-_evictor: list[torch.Tensor] = []
-
-
-def _evict_caches(device: torch.device) -> None:
-    """Read a buffer larger than the CPU's caches, so the next timing reads its weights from memory, as a decode
-    step does (it streams every matrix once). Timed with hot caches, a layer's 10 MB of q4 weights fit in L3 and
-    the arithmetic-bound kernel won; in the step the other one was 1.6x faster."""
-    if device.type != "cpu":
-        return
-    if not _evictor:
-        _evictor.append(torch.ones(_EVICT_BYTES // 4))
-    _evictor[0].sum()
+# Before each timed pass `choose` reads a buffer this large (twice the largest last-level cache of these
+# machines, 32 MB), so the candidates read their weights from memory, as a decode step does (it streams every
+# matrix once). Timed with warm caches, a layer's 10 MB of q4 weights fit in L3 and the arithmetic-bound kernel
+# won; in the step the other one was 1.6x faster.
+_EVICT_BYTES = 64 << 20
 
 
 def _run_all(kernels: list[Kernel], x: torch.Tensor) -> None:

@@ -262,11 +262,11 @@ class Model:
         """The layers' one-row kernels as the lab's decode_layers op takes them (engine/native.py: a single
         sequence's decode step through every layer in one native call), where the small ops are the lab's and it
         can call every one-row kernel (all but oneDNN's); else None, and the scripted stack runs."""
-        mats = [layer[name] for layer in self.layers for name in ("qkv", "o", "gate_up", "down")]
-        if not self.native_ops or any(m.single.kind not in scripted.STACK_KINDS for m in mats):
+        a = self._script_args  # every matrix's one-row kernel is the first of its three entries there
+        kinds = a["kinds"][0::3]
+        if not self.native_ops or any(k not in scripted.STACK_KINDS for k in kinds):
             return None
-        return dict(kinds=[m.single.kind for m in mats], weights=[m.single.weight for m in mats],
-                    aux=[m.single.aux for m in mats], biases=[m.bias for m in mats])
+        return dict(kinds=kinds, weights=a["weights"][0::3], aux=a["aux"][0::3], biases=a["biases"])
 
     @property
     def decode_path(self) -> str:
