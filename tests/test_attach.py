@@ -159,7 +159,7 @@ def test_every_follower_sends_one_request_to_the_attached_server(attached):
     summary counts three and reads the requests running at once from the server's /metrics."""
     target, url = attached
     client = openai.OpenAI(base_url=target + "/v1", api_key=KEY, max_retries=0, timeout=300)
-    want = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=16,
+    want = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=48,
                                           temperature=0)
     with browser() as b:
         page = b.new_page(viewport={"width": 1500, "height": 1300})
@@ -173,7 +173,8 @@ def test_every_follower_sends_one_request_to_the_attached_server(attached):
             followers.append(f)
         page.fill("#attach-prompt", PROMPT)
         page.fill("#attach-temperature", "0")
-        page.fill("#attach-max-tokens", "16")
+        # long enough that the three overlap on the server: at 16 tokens (~0.3 s each) CI once saw them one by one
+        page.fill("#attach-max-tokens", "48")
         page.fill("#attach-token", "wrong")
         page.click("#attach-room-send")
         page.wait_for_function("() => document.getElementById('attach-room-status').textContent.includes('Wrong')",
