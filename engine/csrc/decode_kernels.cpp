@@ -73,7 +73,7 @@ struct Quantized {
   int64_t K, G;
   std::vector<int8_t> q;    // [M, K]
   std::vector<float> s;     // [M, G] the blocks' scales
-  std::vector<float> lane_s;  // [M, K / 4] the scale of each int32 lane of the dot products (512-bit path)
+  std::vector<float> lane_s;  // [M, K / 4] the scale of each int32 lane of int8's dot products (plain order only)
   std::vector<float> sum;   // [M, G] the blocks' float sums (q4's m term)
 };
 
@@ -81,8 +81,8 @@ struct Quantized {
 // register holds the pair's low nibbles and then its high ones (see q4_dot).
 Quantized quantize(const float* x, int64_t M, int64_t K, bool q4_order) {
   const int64_t G = K / kBlock;
-  Quantized out{K, G, std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * K / 4),
-                std::vector<float>(M * G)};
+  Quantized out{K, G, std::vector<int8_t>(M * K), std::vector<float>(M * G),
+                std::vector<float>(q4_order ? 0 : M * K / 4), std::vector<float>(M * G)};
   for (int64_t r = 0; r < M; ++r) {
     for (int64_t g = 0; g < G; ++g) {
       const float* xb = x + r * K + g * kBlock;
@@ -98,10 +98,8 @@ Quantized quantize(const float* x, int64_t M, int64_t K, bool q4_order) {
         const int64_t at = paired ? base + (j / 16) * 32 + (g & 1) * 16 + j % 16 : r * K + g * kBlock + j;
         out.q[at] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
       }
-      for (int64_t lane = 0; lane < 8; ++lane) {  // the lanes of block g: 4 bytes per int32 lane
-        const int64_t at = paired ? base / 4 + (lane / 4) * 8 + (g & 1) * 4 + lane % 4 : (r * K + g * kBlock) / 4 + lane;
-        out.lane_s[at] = s;
-      }
+      if (!q4_order)  // the lanes of block g: 4 bytes per int32 lane (q4 picks its blocks' scales itself)
+        for (int64_t lane = 0; lane < 8; ++lane) out.lane_s[(r * K + g * kBlock) / 4 + lane] = s;
       out.s[r * G + g] = s;
       out.sum[r * G + g] = sum;
     }
@@ -140,28 +138,16 @@ inline __m256 q4_block(const uint8_t* w, float d, const int8_t* xq, float s, __m
 // the first `left` of 16 lanes (all 16 when left >= 16)
 inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
 
-// The m terms of one q4 row (sum over blocks of m * sum(x)), 16 blocks at a time, added to acc's lanes
-inline __m512 q4_m_terms(const uint16_t* m, const float* xsum, int64_t G, __m512 acc) {
-  for (int64_t g = 0; g < G; g += 16) {
-    const __mmask16 k = tail_mask(G - g);
-    acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g)), _mm512_maskz_loadu_ps(k, xsum + g), acc);
-  }
-  return acc;
-}
-
 // Blocks g and g + 1 of a q4 row in one 512-bit register: [g low nibbles, g + 1 low, g high, g + 1 high] against
-// activations x quantized in that order; each lane's sum times its block's d and its activations' scale
-inline __m512 q4_pair(const uint8_t* w, const uint16_t* d, __m512i x, __m512 lane_s, __m512 acc) {
+// activations x quantized in that order; each lane's sum times its block's scale, picked by `at` from the 16
+// blocks' scales c (the weights' d times the activations' scale)
+inline __m512 q4_pair(const uint8_t* w, __m512 c, __m512i at, __m512i x, __m512 acc) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
   const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(raw, low4)),
                                            _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), 1);
   const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);
-  uint32_t dd;
-  std::memcpy(&dd, d, 4);
-  const __m512 dv = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(dd))));
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dv, lane_s), acc);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(at, c), acc);
 }
 #endif
 
@@ -173,22 +159,32 @@ float q4_dot(const uint8_t* w, const uint16_t* d, const uint16_t* m, const Quant
   float msum = 0.f, total = 0.f;
   int64_t g = 0;
 #ifdef INFERLAB_VNNI
-  msum = _mm512_reduce_add_ps(q4_m_terms(m, xsum, G, _mm512_setzero_ps()));
-  const float* lane_s = a.lane_s.data() + r * a.K / 4;
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();  // two sums: two pairs' latencies overlap
-  for (; g + 4 <= G; g += 4) {
-    acc0 = q4_pair(w + g * 16, d + g, _mm512_loadu_si512(xq + g * kBlock), _mm512_loadu_ps(lane_s + g * 8), acc0);
-    acc1 = q4_pair(w + g * 16 + 32, d + g + 2, _mm512_loadu_si512(xq + g * kBlock + 64),
-                   _mm512_loadu_ps(lane_s + g * 8 + 16), acc1);
+  // 16 blocks at a time: their scales c = d * s once (not per pair), and their m terms (m * sum(x)) in their own
+  // sum; one horizontal sum per row at the end
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
+  // the scale of each lane of a pair's dot products: lanes 0-3 and 8-11 are block g's, 4-7 and 12-15 block g + 1's
+  const __m512i first = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+  const __m512i two = _mm512_set1_epi32(2), four = _mm512_set1_epi32(4);
+  for (int64_t g0 = 0; g0 < G; g0 += 16) {
+    const __mmask16 k = tail_mask(G - g0);
+    const __m512 sv = _mm512_maskz_loadu_ps(k, s + g0);
+    accm = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g0)), _mm512_maskz_loadu_ps(k, xsum + g0), accm);
+    const __m512 c = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d + g0)), sv);
+    const int64_t g1 = std::min(G, g0 + 16);
+    __m512i at = first;
+    for (g = g0; g + 4 <= g1; g += 4) {  // two sums: two pairs' latencies overlap
+      acc0 = q4_pair(w + g * 16, c, at, _mm512_loadu_si512(xq + g * kBlock), acc0);
+      acc1 = q4_pair(w + g * 16 + 32, c, _mm512_add_epi32(at, two), _mm512_loadu_si512(xq + g * kBlock + 64), acc1);
+      at = _mm512_add_epi32(at, four);
+    }
+    if (g + 2 <= g1) {
+      acc0 = q4_pair(w + g * 16, c, at, _mm512_loadu_si512(xq + g * kBlock), acc0);
+      g += 2;
+    }
+    if (g < g1)  // an odd last block (plain order); the same product as c's lane
+      total += hsum(q4_block(w + g * 16, half_to_float(d[g]) * s[g], xq + g * kBlock, 1.f, _mm256_setzero_ps()));
   }
-  if (g + 2 <= G) {
-    acc0 = q4_pair(w + g * 16, d + g, _mm512_loadu_si512(xq + g * kBlock), _mm512_loadu_ps(lane_s + g * 8), acc0);
-    g += 2;
-  }
-  total = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-  if (g < G)
-    total += hsum(q4_block(w + g * 16, half_to_float(d[g]), xq + g * kBlock, s[g], _mm256_setzero_ps()));
-  return total + msum;
+  return total + _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), accm));
 #elif defined(INFERLAB_AVX2)
   __m256 acc = _mm256_setzero_ps();
   for (; g < G; ++g) {
