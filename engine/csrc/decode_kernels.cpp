@@ -44,6 +44,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
@@ -437,6 +438,33 @@ inline float dense_dot(const T* w, int64_t K, const float* x) {
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
+
+// bf16: 32 weights as 16 int32 lanes, each holding an even-numbered weight in its low half and the next one in its
+// high half. A float's upper half is a bf16, so a shift gives the even weights and a mask the odd ones, exactly,
+// with no shuffle; they meet the activations split the same way (xe: x[0], x[2], ..; xo: x[1], x[3], ..).
+inline float bf16_dot(const uint16_t* w, int64_t K, const float* xe, const float* xo) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64)
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i) {
+      const __m512i v = _mm512_loadu_si512(w + k + 32 * i);
+      const int64_t h = k / 2 + 16 * i;
+      acc[2 * i] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), _mm512_loadu_ps(xe + h), acc[2 * i]);
+      acc[2 * i + 1] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, high)), _mm512_loadu_ps(xo + h),
+                                       acc[2 * i + 1]);
+    }
+  for (; k < K; k += 32) {  // the last weights, masked (an odd K's last lane has no odd weight: xo is 0 there)
+    const int64_t left = K - k;
+    const __mmask32 kw = left >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1ull << left) - 1);
+    const __mmask16 kx = tail_mask((left + 1) / 2);
+    const __m512i v = _mm512_maskz_loadu_epi16(kw, w + k);
+    acc[0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), _mm512_maskz_loadu_ps(kx, xe + k / 2), acc[0]);
+    acc[1] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, high)), _mm512_maskz_loadu_ps(kx, xo + k / 2), acc[1]);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
 #else
 template <typename T>
 inline float dense_dot(const T* w, int64_t K, const float* x) {
@@ -461,6 +489,19 @@ at::Tensor dense_linear(const at::Tensor& x_in, const T* wp, int64_t N, int64_t 
   at::Tensor y = at::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+#ifdef INFERLAB_VNNI
+  if constexpr (std::is_same_v<T, uint16_t>) {  // bf16: the activations split into even and odd columns once
+    const int64_t H = (K + 1) / 2;
+    std::vector<float> xe(M * H, 0.f), xo(M * H, 0.f);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t k = 0; k < K; ++k) (k % 2 ? xo : xe)[r * H + k / 2] = xp[r * K + k];
+    parallel_rows(N, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t r = 0; r < M; ++r) yp[r * N + n] = bf16_dot(wp + n * K, K, xe.data() + r * H, xo.data() + r * H);
+    });
+    return y;
+  }
+#endif
   parallel_rows(N, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t r = 0; r < M; ++r) yp[r * N + n] = dense_dot(wp + n * K, K, xp + r * K);
