@@ -87,18 +87,36 @@ Quantized quantize(const float* x, int64_t M, int64_t K, bool q4_order) {
   for (int64_t r = 0; r < M; ++r) {
     for (int64_t g = 0; g < G; ++g) {
       const float* xb = x + r * K + g * kBlock;
-      float amax = 0.f, sum = 0.f;
+      const bool paired = q4_order && (g | 1) < G;  // an odd last block keeps the plain order
+      // where the block's two halves go: a pair's order puts block g's first 16 at its pair's 0 (g even) or 16
+      // (g odd), and its last 16 at 32 or 48
+      const int64_t pair = r * K + (g & ~int64_t{1}) * kBlock;
+      int8_t* lo = out.q.data() + (paired ? pair + (g & 1) * 16 : r * K + g * kBlock);
+      int8_t* hi = lo + (paired ? 32 : 16);
+      float s, sum;
+#ifdef INFERLAB_VNNI
+      const __m512 a = _mm512_loadu_ps(xb), b = _mm512_loadu_ps(xb + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+      sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+      s = amax / 127.f;
+      const __m512 inv = _mm512_set1_ps(s > 0.f ? 1.f / s : 0.f);
+      // round to nearest even, as nearbyint below (the default rounding mode)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, inv))));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(hi), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, inv))));
+#else
+      float amax = 0.f;
+      sum = 0.f;
       for (int64_t j = 0; j < kBlock; ++j) {
         amax = std::fmax(amax, std::fabs(xb[j]));
         sum += xb[j];
       }
-      const float s = amax / 127.f, inv = s > 0.f ? 1.f / s : 0.f;
-      const bool paired = q4_order && (g | 1) < G;  // an odd last block keeps the plain order
-      const int64_t base = r * K + (g & ~int64_t{1}) * kBlock;
-      for (int64_t j = 0; j < kBlock; ++j) {
-        const int64_t at = paired ? base + (j / 16) * 32 + (g & 1) * 16 + j % 16 : r * K + g * kBlock + j;
-        out.q[at] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
+      s = amax / 127.f;
+      const float inv = s > 0.f ? 1.f / s : 0.f;
+      for (int64_t j = 0; j < 16; ++j) {
+        lo[j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
+        hi[j] = static_cast<int8_t>(std::nearbyint(xb[j + 16] * inv));
       }
+#endif
       if (!q4_order)  // the lanes of block g: 4 bytes per int32 lane (q4 picks its blocks' scales itself)
         for (int64_t lane = 0; lane < 8; ++lane) out.lane_s[(r * K + g * kBlock) / 4 + lane] = s;
       out.s[r * G + g] = s;
