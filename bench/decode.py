@@ -186,8 +186,8 @@ def report(args, engines: dict, ids: list[int], times: dict[str, list[float]], b
     base = statistics.median(times["transformers fp32"])
     print(f"model: {next(iter(engines.values())).model_id}; prompt {len(ids)} tokens; {args.tokens} decode tokens "
           f"x {args.rounds} rounds; threads {ceiling}; busy processes {args.busy}; memory bandwidth "
-          f"{bw / 1e9:.1f} GB/s (median of the rounds{', beside them' if args.busy else ''}; best of seven after "
-          f"them {peak / 1e9:.1f})")
+          f"{bw / 1e9:.1f} GB/s (median of the rounds{', beside the busy processes' if args.busy else ''}; best of "
+          f"seven after the rounds{', without them' if args.busy else ''}: {peak / 1e9:.1f})")
     print(f"{'contender':28s} {'min ms/tok':>10s} {'median':>8s} {'tok/s':>7s} {'vs transformers':>16s} "
           f"{'vs ours 1t':>10s} {'MB/step':>8s} {'floor ms':>9s} {'of floor':>9s} {'at best bw':>10s}")
     for name, ts in times.items():
