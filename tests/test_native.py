@@ -89,9 +89,10 @@ def test_q4_kernel_computes_its_stated_sum_on_the_gguf_codes(built, q4_codes, na
     assert torch.equal(k.weight[:, :kk // 2] & 0x0F, codes.view(n, -1, 2, 16)[:, :, 0].reshape(n, -1).to(torch.uint8))
 
 
-@pytest.mark.parametrize("n,k", [(7, 96), (9, 64), (130, 1536), (5, 32)])
+@pytest.mark.parametrize("n,k", [(7, 96), (9, 64), (130, 1536), (5, 32), (3, 1056)])
 def test_q4_kernel_every_remainder_path(built, n, k):
-    """Rows not a multiple of four, an odd number of blocks, a single block: the same sum."""
+    """Rows not a multiple of four, an odd number of blocks, a single block, 33 blocks (two groups of 16 scales,
+    then one odd block): the same sum."""
     codes, scale, low = random_q4(n, k)
     kern = kernels.native_q4(codes, scale, low)
     x = torch.randn(4, k) * torch.linspace(0.1, 10, k)  # blocks of very different scales
