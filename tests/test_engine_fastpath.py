@@ -6,7 +6,7 @@ import threading
 import torch
 from torch.overrides import TorchFunctionMode
 
-from engine import SamplingParams, compute, native
+from engine import SamplingParams, compute, native, scripted
 from engine.model import Capture, KVStorage, SeqInput
 
 NOTHING = Capture(attention=False, logit_lens=False, residual_norms=False, embeddings=False)
@@ -32,8 +32,12 @@ def test_scripted_layers_equal_the_python_path_bitwise(base_engine):
     """capture=None runs engine/scripted.py; a capture that records nothing runs Model.forward's Python loop:
     the same kernels in the same order, so every logit and every K/V value must be identical."""
     model = base_engine.model
-    # with the lab's kernels built, the single decode runs the whole stack as one native call (decode_layers)
-    assert (model._stack_args is not None) == native.available()
+    # with the lab's kernels built, the single decode runs the whole stack as one native call (decode_layers),
+    # unless timing at load chose oneDNN for a matrix's one row (which that call does not run: a loaded machine
+    # can make it win a shape; tests/test_weights.py forces each kind through the call)
+    one_row = model._script_args["kinds"][0::3]
+    runs_stack = native.available() and all(k in scripted.STACK_KINDS for k in one_row)
+    assert (model._stack_args is not None) == runs_stack
     fast = compute.run(_forward_three_ways, model, None)
     slow = compute.run(_forward_three_ways, model, NOTHING)
     for a, b in zip(fast, slow):
