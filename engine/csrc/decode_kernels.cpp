@@ -434,25 +434,19 @@ inline float widen(float w) { return w; }
 inline float widen(uint16_t w) { return bf16_to_float(w); }
 
 #ifdef INFERLAB_VNNI
-inline __m512 load16(const float* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
-inline __m512 load16(const uint16_t* p, __mmask16 k) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p)), 16));
-}
-
 // y = row w . x, 64 columns a step in four independent sums, the last steps masked. One row at a time: on this
 // machine one weight stream per core read at 20 GB/s, and four rows side by side at 12 (the prefetchers follow
 // one stream best).
-template <typename T>
-inline float dense_dot(const T* w, int64_t K, const float* x) {
+inline float dense_dot(const float* w, int64_t K, const float* x) {
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   int64_t k = 0;
   for (; k + 64 <= K; k += 64)
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i)
-      acc[i] = _mm512_fmadd_ps(load16(w + k + 16 * i, 0xFFFF), _mm512_loadu_ps(x + k + 16 * i), acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16 * i), _mm512_loadu_ps(x + k + 16 * i), acc[i]);
   for (; k < K; k += 16) {
     const __mmask16 m = tail_mask(K - k);
-    acc[0] = _mm512_fmadd_ps(load16(w + k, m), _mm512_maskz_loadu_ps(m, x + k), acc[0]);
+    acc[0] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + k), _mm512_maskz_loadu_ps(m, x + k), acc[0]);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
@@ -518,13 +512,15 @@ at::Tensor dense_linear(const at::Tensor& x_in, const T* wp, int64_t N, int64_t 
         for (int64_t r = 0; r < M; ++r) yp[r * N + n] = bf16_dot(wp + n * K, K, xe.data() + r * H, xo.data() + r * H);
     });
     return y;
-  }
+  } else
 #endif
-  parallel_rows(N, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n)
-      for (int64_t r = 0; r < M; ++r) yp[r * N + n] = dense_dot(wp + n * K, K, xp + r * K);
-  });
-  return y;
+  {
+    parallel_rows(N, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t r = 0; r < M; ++r) yp[r * N + n] = dense_dot(wp + n * K, K, xp + r * K);
+    });
+    return y;
+  }
 }
 
 // x [M, K] float32; w [N, K] float32 -> [M, N]
