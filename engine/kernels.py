@@ -135,8 +135,9 @@ def native_q4(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> Ke
 
 
 def native_i8(k: Kernel) -> Kernel:
-    """The lab's int8 kernel over the very tensors of torch's (`int8_per_channel`): codes and bf16 row scales."""
-    return Kernel(scripted.NATIVE_I8, k.weight, k.aux)
+    """The lab's int8 kernel over the codes and bf16 row scales of torch's (`int8_per_channel`), regrouped 16 rows
+    at a time (a copy: torch's kernel keeps its own layout for batches and prefill)."""
+    return Kernel(scripted.NATIVE_I8, native.i8_rows(k.weight, k.aux))
 
 
 def candidates(fmt: str, w: torch.Tensor, q4: tuple | None = None) -> tuple[list[Kernel], ...]:
@@ -155,7 +156,9 @@ def candidates(fmt: str, w: torch.Tensor, q4: tuple | None = None) -> tuple[list
     if w.device.type != "cpu":
         raise ValueError(f"weights={fmt!r} runs on CPU only (its kernels are torch's CPU ones)")
     quant = int8_per_channel(w) if fmt == "int8" else int4_groups(*q4)
-    mine = [native_i8(quant) if fmt == "int8" else native_q4(*q4)] if own else []
+    # the lab's integer kernels take 16 output rows at a time and blocks of 32 columns
+    grouped = w.shape[0] % 16 == 0 and w.shape[1] % 32 == 0
+    mine = [native_i8(quant) if fmt == "int8" else native_q4(*q4)] if own and grouped else []
     # the bf16 copy prefill needs anyway is also a decode-batch candidate: at 16-32 rows oneDNN's bf16 kernel
     # took half the time of torch's int4 one here (a room's step, a prompt of up to DECODE_MAX_ROWS tokens)
     return mine + [quant], [quant] + bf16, [quant] + bf16

@@ -35,7 +35,7 @@ BUILD_TIMEOUT_S = 600
 
 _lib = torch.library.Library("inferlab", "DEF")
 _lib.define("q4_linear(Tensor x, Tensor rows) -> Tensor")
-_lib.define("i8_linear(Tensor x, Tensor codes, Tensor scale) -> Tensor")
+_lib.define("i8_linear(Tensor x, Tensor rows) -> Tensor")
 _lib.define("f32_linear(Tensor x, Tensor w) -> Tensor")
 _lib.define("bf16_linear(Tensor x, Tensor w) -> Tensor")
 _lib.define("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor")
@@ -127,11 +127,57 @@ def status() -> str:
 
 
 def q4_rows(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
-    """uint8 [N, 20 * K/32]: each row's code bytes in Q4_1's block layout (K/2), then its d values and its m
-    values as fp16 (K/32 each), from codes [N, K] in 0..15 and per-block scale d and low m [N, K/32]
-    (w = d * code + m). The same 20 bytes per 32 weights as the GGUF, a row's bytes together."""
+    """uint8 [N, 20 * K/32], the q4 kernel's layout (decode_kernels.cpp, q4_group), from codes [N, K] in 0..15 and
+    per-block scale d and low m [N, K/32] (w = d * code + m): output rows in groups of 16 (N a multiple of 16);
+    per group and block of 32 columns, 4 x 64 code bytes, byte (v, i, t) holding row i's code 4v + t in its low
+    nibble and code 16 + 4v + t in its high one, then the 16 rows' d and their m as fp16. The same 20 bytes per 32
+    weights as the GGUF, a group's bytes together; `q4_unpack` reverses it exactly."""
     n, k = codes.shape
-    blocks = codes.to(torch.uint8).reshape(n, k // 32, 2, 16)
-    packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2)
-    dm = torch.cat([scale.half(), low.half()], dim=1).contiguous().view(torch.uint8)
-    return torch.cat([packed, dm], dim=1).contiguous()
+    if n % 16 or k % 32:
+        raise ValueError(f"q4 rows need N a multiple of 16 and K of 32, not {n} x {k}")
+    g = k // 32
+    c = codes.to(torch.uint8).reshape(n // 16, 16, g, 2, 4, 4)  # (group, row i, block, half, v, t)
+    packed = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).reshape(n // 16, g, 256)
+
+    def per_group(t):  # [N, G] fp16 -> (group, block, 16 rows) as bytes
+        return t.half().reshape(n // 16, 16, g).transpose(1, 2).contiguous().view(torch.uint8)
+
+    return torch.cat([packed, per_group(scale), per_group(low)], dim=2).reshape(n, 20 * g).contiguous()
+
+
+def q4_unpack(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes uint8 [N, K], d float32 [N, K/32], m float32 [N, K/32]) from `q4_rows`'s layout."""
+    n, g = rows.shape[0], rows.shape[1] // 20
+    blocks = rows.reshape(n // 16, g, 320)
+    b = blocks[:, :, :256].reshape(n // 16, g, 4, 16, 4).permute(0, 3, 1, 2, 4)  # (group, row i, block, v, t)
+    codes = torch.stack([b & 0x0F, b >> 4], dim=3).reshape(n, g * 32)
+
+    def rows_of(t):  # (group, block, 32 bytes) -> [N, G] float32
+        return t.contiguous().view(torch.float16).transpose(1, 2).reshape(n, g).float()
+
+    return codes, rows_of(blocks[:, :, 256:288]), rows_of(blocks[:, :, 288:])
+
+
+def i8_rows(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K + 2], the int8 kernel's layout (decode_kernels.cpp, i8_group), from torch's int8 tensors: codes
+    int8 [N, K] (-127..127) and bf16 row scales [N]: output rows in groups of 16 (N a multiple of 16); per group and
+    block of 32 columns, 8 x 64 bytes, byte (v, i, t) = row i's code 4v + t + 128, then the group's 16 bf16
+    scales. The same bytes as torch's tensors, a group's together; `i8_unpack` reverses it exactly."""
+    n, k = codes.shape
+    if n % 16 or k % 32:
+        raise ValueError(f"int8 rows need N a multiple of 16 and K of 32, not {n} x {k}")
+    g = k // 32
+    offset = (codes.to(torch.int16) + 128).to(torch.uint8).reshape(n // 16, 16, g, 8, 4)  # (group, i, block, v, t)
+    blocks = offset.permute(0, 2, 3, 1, 4).reshape(n // 16, g * 512)
+    scales = scale.to(torch.bfloat16).reshape(n // 16, 16).contiguous().view(torch.uint8)
+    return torch.cat([blocks, scales], dim=1).reshape(n, k + 2).contiguous()
+
+
+def i8_unpack(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes int8 [N, K], scale bf16 [N]) from `i8_rows`'s layout."""
+    n, k = rows.shape[0], rows.shape[1] - 2
+    g = k // 32
+    grouped = rows.reshape(n // 16, g * 512 + 32)
+    b = grouped[:, : g * 512].reshape(n // 16, g, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(n, k)
+    codes = (b.to(torch.int16) - 128).to(torch.int8)
+    return codes, grouped[:, g * 512:].contiguous().view(torch.bfloat16).reshape(n)

@@ -60,8 +60,7 @@ def matmul(x: torch.Tensor, kind: int, weight: torch.Tensor, aux: Optional[torch
         elif kind == 7:
             y = torch.ops.inferlab.bf16_linear(x, weight)
         else:
-            assert aux is not None
-            y = torch.ops.inferlab.i8_linear(x, weight, aux)
+            y = torch.ops.inferlab.i8_linear(x, weight)
         return y if bias is None else y + bias
     else:
         y = F.linear(x if same else x.to(weight.dtype), weight, bias if same else None)

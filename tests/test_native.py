@@ -80,31 +80,34 @@ def test_q4_kernel_computes_its_stated_sum_on_the_gguf_codes(built, q4_codes, na
     # and the sum is the matmul with the file's own weights, up to the activations' 8-bit rounding (over 300 random
     # x: ~1 % median, 2.8 % at most on down_proj, so x is seeded: unseeded, this bound failed 7 % of runs)
     assert rel(got, x.double() @ dequantise(codes, scale, low).double().T) < 0.02
-    # the row layout: Q4_1's code bytes (code j low nibble, code j + 16 high), then the row's d values, then its m
-    # values, as fp16: 20 bytes per 32 weights, as in the GGUF
+    # the layout holds the file's own codes, d and m (fp16), exactly, in 20 bytes per 32 weights as in the GGUF:
+    # only their order differs (16 rows at a time)
     n, kk = codes.shape
     assert k.weight.shape == (n, kk // 2 + kk // 32 * 4) and k.aux is None
     assert k.nbytes == codes.numel() // 2 + codes.numel() // 32 * 4
-    assert torch.equal(k.weight[:, kk // 2:].contiguous().view(torch.float16)[:, : kk // 32], scale.half())
-    assert torch.equal(k.weight[:, :kk // 2] & 0x0F, codes.view(n, -1, 2, 16)[:, :, 0].reshape(n, -1).to(torch.uint8))
+    got_codes, got_d, got_m = native.q4_unpack(k.weight)
+    assert torch.equal(got_codes, codes.to(torch.uint8))
+    assert torch.equal(got_d, scale.half().float()) and torch.equal(got_m, low.half().float())
+    assert torch.equal(dequantise(got_codes, got_d, got_m), dequantise(codes, scale, low))
 
 
-@pytest.mark.parametrize("n,k", [(7, 96), (9, 64), (130, 1536), (5, 32), (3, 1056)])
+@pytest.mark.parametrize("n,k", [(16, 96), (32, 64), (144, 1536), (16, 32), (48, 1056)])
 def test_q4_kernel_every_remainder_path(built, n, k):
-    """Rows not a multiple of four, an odd number of blocks, a single block, 33 blocks (two groups of 16 scales,
-    then one odd block): the same sum."""
+    """One group of 16 rows and several (144: nine, more than the chunks two threads split them into), an odd
+    number of blocks, a single block, 33 blocks: the same sum."""
     codes, scale, low = random_q4(n, k)
     kern = kernels.native_q4(codes, scale, low)
     x = torch.randn(4, k) * torch.linspace(0.1, 10, k)  # blocks of very different scales
     assert rel(scripted.matmul(x, kern.kind, kern.weight, kern.aux, None), q4_reference(x, codes, scale, low)) < 1e-5
 
 
-@pytest.mark.parametrize("n,k", [(49152 // 64, 576), (7, 96), (3, 1536)])
+@pytest.mark.parametrize("n,k", [(49152 // 64, 576), (16, 96), (32, 1536)])
 def test_int8_kernel_computes_its_stated_sum(built, n, k):
     w = torch.randn(n, k)
     base = kernels.int8_per_channel(w)
     kern = kernels.native_i8(base)
-    assert kern.weight.data_ptr() == base.weight.data_ptr()  # the very codes torch's kernel reads
+    codes, scale = native.i8_unpack(kern.weight)  # the very codes and scales torch's kernel reads, regrouped
+    assert torch.equal(codes, base.weight) and torch.equal(scale, base.aux) and kern.nbytes == base.nbytes
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(0))
     got = scripted.matmul(x, kern.kind, kern.weight, kern.aux, None)
     assert rel(got, i8_reference(x, base)) < 1e-5
@@ -126,11 +129,11 @@ def test_float_kernels_compute_the_product(built, n, k):
 
 
 def test_zero_rows_and_bias(built):
-    codes, scale, low = random_q4(8, 64)
+    codes, scale, low = random_q4(16, 64)
     kern = kernels.native_q4(codes, scale, low)
     x = torch.zeros(2, 64)
     x[1, :32] = torch.randn(32)  # one all-zero block: scale 0, no division by zero
-    bias = torch.randn(8)
+    bias = torch.randn(16)
     got = scripted.matmul(x, kern.kind, kern.weight, kern.aux, bias)
     assert torch.isfinite(got).all()
     assert torch.allclose(got[0], bias)
@@ -162,7 +165,7 @@ def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_any_thread_count(built
 
 
 def test_bad_inputs_raise_instead_of_reading_wrong_memory(built):
-    codes, scale, low = random_q4(8, 64)
+    codes, scale, low = random_q4(16, 64)
     kern = kernels.native_q4(codes, scale, low)
     with pytest.raises(RuntimeError, match="columns"):
         torch.ops.inferlab.q4_linear(torch.randn(1, 96), kern.weight)
@@ -174,9 +177,15 @@ def test_bad_inputs_raise_instead_of_reading_wrong_memory(built):
         torch.ops.inferlab.f32_linear(torch.randn(1, 64), torch.randn(8, 64).double())
     with pytest.raises(RuntimeError, match="columns"):
         torch.ops.inferlab.bf16_linear(torch.randn(1, 96), torch.randn(8, 64).bfloat16())
-    base = kernels.int8_per_channel(torch.randn(8, 64))
-    with pytest.raises(RuntimeError, match="scale"):
-        torch.ops.inferlab.i8_linear(torch.randn(1, 64), base.weight, base.aux.float())
+    with pytest.raises(RuntimeError, match="rows"):  # a row count that is no whole group of 16
+        torch.ops.inferlab.q4_linear(torch.randn(1, 64), kern.weight[:8].contiguous())
+    i8 = kernels.native_i8(kernels.int8_per_channel(torch.randn(16, 64)))
+    with pytest.raises(RuntimeError, match="rows"):
+        torch.ops.inferlab.i8_linear(torch.randn(1, 64), i8.weight[:, :40].contiguous())
+    with pytest.raises(RuntimeError, match="columns"):
+        torch.ops.inferlab.i8_linear(torch.randn(1, 96), i8.weight)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        native.q4_rows(*random_q4(8, 64))
 
 
 def test_formats_offer_the_lab_kernels_for_one_row_only(built, q4_codes):
@@ -186,6 +195,9 @@ def test_formats_offer_the_lab_kernels_for_one_row_only(built, q4_codes):
     for fmt, kind in (("int8", scripted.NATIVE_I8), ("fp32", scripted.NATIVE_F32), ("bf16", scripted.NATIVE_BF16)):
         single, batch, prefill = kernels.candidates(fmt, torch.randn(64, 96))
         assert single[0].kind == kind and kind not in {k.kind for k in batch + prefill}
+    # a matrix that is no whole number of 16-row groups: torch's integer kernels only
+    single, _, _ = kernels.candidates("int8", torch.randn(40, 96))
+    assert [k.kind for k in single] == [scripted.INT8]
 
 
 def test_switched_off_the_formats_run_torchs_kernels():

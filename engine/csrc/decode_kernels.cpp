@@ -6,15 +6,14 @@
 // Why: torch's CPU weight-only kernels widen every weight to float before multiplying: at one row they run at
 // 8-18 GB/s here, so a q4 decode step was bound by arithmetic, not by the bytes it reads. Here, as in
 // llama.cpp, the activation row is quantized per block of 32 (int8 with one float scale per block: xq = round(x
-// / s), s = max|x| / 127) and each block's dot product with the weights' codes is an integer one: 32 products
-// in one or two instructions (AVX512-VNNI's vpdpbusd, or AVX2's vpmaddubsw + vpmaddwd).
+// / s), s = max|x| / 127) and each block's dot product with the weights' codes is an integer one (AVX512-VNNI's
+// vpdpbusd, or AVX2's vpmaddubsw + vpmaddwd), computed for 16 output rows at once: the weights are regrouped at
+// load time so that one instruction adds four products to each of 16 rows' sums (see q4_group).
 //
-//   q4:   w = d * code + m per block of 32 (GGUF Q4_1: fp16 d and m, codes 0..15, byte j of a block holding
-//         code j in its low nibble and code j + 16 in its high one). The weights are the file's own, exactly;
-//         each output row stores its code bytes, then its d values, then its m values (G = K / 32 each), so a
-//         row is one stream (one stream per core read fastest here).
+//   q4:   w = d * code + m per block of 32 (GGUF Q4_1: fp16 d and m, codes 0..15). The weights are the file's
+//         own, exactly: the same codes, d and m, 20 bytes per 32 weights, in groups of 16 rows.
 //         y = sum over blocks of d * s * (codes . xq) + m * sum(x)
-//   int8: w = scale_row * code (codes -127..127, bf16 row scales: torch's int8 kernel's own tensors).
+//   int8: w = scale_row * code (codes -127..127, bf16 row scales: torch's int8 kernel's own values).
 //         y = scale_row * sum over blocks of s * (codes . xq)
 //
 // Only the activations are rounded (to ~1/254 of their block's largest value, about bf16's precision, which
@@ -69,31 +68,25 @@ inline float bf16_to_float(uint16_t h) {
   return f;
 }
 
-// The activation rows, quantized per block, in the lane order the kernel reads them.
+// The activation rows, quantized per block of 32.
 struct Quantized {
   int64_t K, G;
-  std::vector<int8_t> q;    // [M, K]
-  std::vector<float> s;     // [M, G] the blocks' scales
-  std::vector<float> lane_s;  // [M, K / 4] the scale of each int32 lane of int8's dot products (plain order only)
-  std::vector<float> sum;   // [M, G] the blocks' float sums (q4's m term)
+  std::vector<int8_t> q;      // [M, K] xq = round(x / s)
+  std::vector<float> s;       // [M, G] the blocks' scales
+  std::vector<float> sum;     // [M, G] the blocks' float sums (q4's m term)
+  std::vector<int32_t> qsum;  // [M, G] the blocks' sums of xq (int8's offset codes)
 };
 
-// q4_order: within each pair of blocks (a, b), the order a[0:16] b[0:16] a[16:32] b[16:32]: where a 512-bit
-// register holds the pair's low nibbles and then its high ones (see q4_dot).
-Quantized quantize(const float* x, int64_t M, int64_t K, bool q4_order) {
+Quantized quantize(const float* x, int64_t M, int64_t K) {
   const int64_t G = K / kBlock;
-  Quantized out{K, G, std::vector<int8_t>(M * K), std::vector<float>(M * G),
-                std::vector<float>(q4_order ? 0 : M * K / 4), std::vector<float>(M * G)};
+  Quantized out{K, G, std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G),
+                std::vector<int32_t>(M * G)};
   for (int64_t r = 0; r < M; ++r) {
     for (int64_t g = 0; g < G; ++g) {
       const float* xb = x + r * K + g * kBlock;
-      const bool paired = q4_order && (g | 1) < G;  // an odd last block keeps the plain order
-      // where the block's two halves go: a pair's order puts block g's first 16 at its pair's 0 (g even) or 16
-      // (g odd), and its last 16 at 32 or 48
-      const int64_t pair = r * K + (g & ~int64_t{1}) * kBlock;
-      int8_t* lo = out.q.data() + (paired ? pair + (g & 1) * 16 : r * K + g * kBlock);
-      int8_t* hi = lo + (paired ? 32 : 16);
+      int8_t* q = out.q.data() + r * K + g * kBlock;
       float s, sum;
+      int32_t qsum;
 #ifdef INFERLAB_VNNI
       const __m512 a = _mm512_loadu_ps(xb), b = _mm512_loadu_ps(xb + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
@@ -101,8 +94,10 @@ Quantized quantize(const float* x, int64_t M, int64_t K, bool q4_order) {
       s = amax / 127.f;
       const __m512 inv = _mm512_set1_ps(s > 0.f ? 1.f / s : 0.f);
       // round to nearest even, as nearbyint below (the default rounding mode)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, inv))));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(hi), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, inv))));
+      const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(qa));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(qb));
+      qsum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
 #else
       float amax = 0.f;
       sum = 0.f;
@@ -112,15 +107,15 @@ Quantized quantize(const float* x, int64_t M, int64_t K, bool q4_order) {
       }
       s = amax / 127.f;
       const float inv = s > 0.f ? 1.f / s : 0.f;
-      for (int64_t j = 0; j < 16; ++j) {
-        lo[j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
-        hi[j] = static_cast<int8_t>(std::nearbyint(xb[j + 16] * inv));
+      qsum = 0;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        q[j] = static_cast<int8_t>(std::nearbyint(xb[j] * inv));
+        qsum += q[j];
       }
 #endif
-      if (!q4_order)  // the lanes of block g: 4 bytes per int32 lane (q4 picks its blocks' scales itself)
-        for (int64_t lane = 0; lane < 8; ++lane) out.lane_s[(r * K + g * kBlock) / 4 + lane] = s;
       out.s[r * G + g] = s;
       out.sum[r * G + g] = sum;
+      out.qsum[r * G + g] = qsum;
     }
   }
   return out;
@@ -143,126 +138,162 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// q4 block g alone (256-bit), activations in plain order
-inline __m256 q4_block(const uint8_t* w, float d, const int8_t* xq, float s, __m256 acc) {
-  const __m128i low4 = _mm_set1_epi8(0x0F);
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
-  const __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
-  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8_i8(codes, x)), _mm256_set1_ps(d * s), acc);
-}
 #endif
 
 #ifdef INFERLAB_VNNI
 // the first `left` of 16 lanes (all 16 when left >= 16)
 inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
-
-// Blocks g and g + 1 of a q4 row in one 512-bit register: [g low nibbles, g + 1 low, g high, g + 1 high] against
-// activations x quantized in that order; each lane's sum times its block's scale, picked by `at` from the 16
-// blocks' scales c (the weights' d times the activations' scale)
-inline __m512 q4_pair(const uint8_t* w, __m512 c, __m512i at, __m512i x, __m512 acc) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
-  const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(raw, low4)),
-                                           _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), 1);
-  const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(at, c), acc);
-}
 #endif
 
-// One output of q4: a row's code bytes w, its d values d[G] and m values m[G], one quantized activation row r.
-float q4_dot(const uint8_t* w, const uint16_t* d, const uint16_t* m, const Quantized& a, int64_t r) {
+
+// ---- q4, sixteen rows at a time -------------------------------------------------------------------------------
+// The layout (engine/native.py's q4_rows builds it from the file's codes, d and m, losslessly): output rows in
+// groups of 16; for each group and each block g of 32 columns, 320 bytes:
+//   codes: 4 x 64 bytes; byte (v, i, t) = code[i][4v + t] | code[i][16 + 4v + t] << 4   (v, t < 4; row i < 16)
+//   d: 16 fp16, then m: 16 fp16 (row i's d and m for block g)
+// So a 64-byte load holds four consecutive codes of each of the 16 rows in each 32-bit lane (low nibbles) and
+// four more (high nibbles): one vpdpbusd against four activation bytes broadcast to every lane adds four
+// products to each row's sum. Sixteen rows come out in one register: no horizontal sums, and the activations'
+// scales are applied once per block for 16 rows (the one-row-at-a-time form spent about half its instructions
+// on that bookkeeping, and was bound by its arithmetic even when the weights came from memory).
+constexpr int64_t kGroupRows = 16, kQ4GroupBlock = 320;
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The 16 outputs of one group of rows (its bytes w) for activation row r:
+//   y[i] = sum over blocks g of d[g][i] * s[g] * (codes[i] . xq)_g + m[g][i] * sum(x)_g
+void q4_group(const uint8_t* w, const Quantized& a, int64_t r, float* y) {
   const int64_t G = a.G;
   const int8_t* xq = a.q.data() + r * a.K;
   const float *s = a.s.data() + r * G, *xsum = a.sum.data() + r * G;
-  float msum = 0.f, total = 0.f;
-  int64_t g = 0;
 #ifdef INFERLAB_VNNI
-  // 16 blocks at a time: their scales c = d * s once (not per pair), and their m terms (m * sum(x)) in their own
-  // sum; one horizontal sum per row at the end
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
-  // the scale of each lane of a pair's dot products: lanes 0-3 and 8-11 are block g's, 4-7 and 12-15 block g + 1's
-  const __m512i first = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
-  const __m512i two = _mm512_set1_epi32(2), four = _mm512_set1_epi32(4);
-  for (int64_t g0 = 0; g0 < G; g0 += 16) {
-    const __mmask16 k = tail_mask(G - g0);
-    const __m512 sv = _mm512_maskz_loadu_ps(k, s + g0);
-    accm = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, m + g0)), _mm512_maskz_loadu_ps(k, xsum + g0), accm);
-    const __m512 c = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, d + g0)), sv);
-    const int64_t g1 = std::min(G, g0 + 16);
-    __m512i at = first;
-    for (g = g0; g + 4 <= g1; g += 4) {  // two sums: two pairs' latencies overlap
-      acc0 = q4_pair(w + g * 16, c, at, _mm512_loadu_si512(xq + g * kBlock), acc0);
-      acc1 = q4_pair(w + g * 16 + 32, c, _mm512_add_epi32(at, two), _mm512_loadu_si512(xq + g * kBlock + 64), acc1);
-      at = _mm512_add_epi32(at, four);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g, w += kQ4GroupBlock) {
+    const int8_t* xb = xq + g * kBlock;
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    for (int v = 0; v < 4; ++v) {
+      const __m512i raw = _mm512_loadu_si512(w + 64 * v);
+      lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(raw, low4), _mm512_set1_epi32(load_i32(xb + 4 * v)));
+      hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4),
+                               _mm512_set1_epi32(load_i32(xb + 16 + 4 * v)));
     }
-    if (g + 2 <= g1) {
-      acc0 = q4_pair(w + g * 16, c, at, _mm512_loadu_si512(xq + g * kBlock), acc0);
-      g += 2;
-    }
-    if (g < g1)  // an odd last block (plain order); the same product as c's lane
-      total += hsum(q4_block(w + g * 16, half_to_float(d[g]) * s[g], xq + g * kBlock, 1.f, _mm256_setzero_ps()));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 256)));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 288)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), _mm512_mul_ps(d, _mm512_set1_ps(s[g])), acc);
+    accm = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[g]), accm);
   }
-  return total + _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), accm));
+  _mm512_storeu_ps(y, _mm512_add_ps(acc, accm));
 #elif defined(INFERLAB_AVX2)
-  __m256 acc = _mm256_setzero_ps();
-  for (; g < G; ++g) {
-    acc = q4_block(w + g * 16, _cvtsh_ss(d[g]), xq + g * kBlock, s[g], acc);
-    msum += _cvtsh_ss(m[g]) * xsum[g];
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int half = 0; half < 2; ++half) {  // rows 0-7, then 8-15: the second 32 bytes of each 64
+    const uint8_t* wb = w + 32 * half;
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g, wb += kQ4GroupBlock) {
+      const int8_t* xb = xq + g * kBlock;
+      __m256i dot = _mm256_setzero_si256();
+      for (int v = 0; v < 4; ++v) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * v));
+        dot = _mm256_add_epi32(dot, dot_u8_i8(_mm256_and_si256(raw, low4), _mm256_set1_epi32(load_i32(xb + 4 * v))));
+        dot = _mm256_add_epi32(dot, dot_u8_i8(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
+                                              _mm256_set1_epi32(load_i32(xb + 16 + 4 * v))));
+      }
+      const uint8_t* dm = wb - 32 * half + 256 + 16 * half;
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dm)));
+      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dm + 32)));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(s[g])), acc);
+      accm = _mm256_fmadd_ps(m, _mm256_set1_ps(xsum[g]), accm);
+    }
+    _mm256_storeu_ps(y + 8 * half, _mm256_add_ps(acc, accm));
   }
-  return hsum(acc) + msum;
 #else
-  for (; g < G; ++g) {
-    int32_t dot = 0;
-    for (int64_t j = 0; j < 16; ++j)
-      dot += (w[g * 16 + j] & 0x0F) * xq[g * kBlock + j] + (w[g * 16 + j] >> 4) * xq[g * kBlock + j + 16];
-    total += half_to_float(d[g]) * s[g] * static_cast<float>(dot);
-    msum += half_to_float(m[g]) * xsum[g];
+  for (int64_t i = 0; i < kGroupRows; ++i) {
+    float acc = 0.f, accm = 0.f;
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* wb = w + g * kQ4GroupBlock;
+      const int8_t* xb = xq + g * kBlock;
+      int32_t dot = 0;
+      for (int64_t v = 0; v < 4; ++v)
+        for (int64_t t = 0; t < 4; ++t) {
+          const uint8_t byte = wb[64 * v + 4 * i + t];
+          dot += (byte & 0x0F) * xb[4 * v + t] + (byte >> 4) * xb[16 + 4 * v + t];
+        }
+      uint16_t d, m;
+      std::memcpy(&d, wb + 256 + 2 * i, 2);
+      std::memcpy(&m, wb + 288 + 2 * i, 2);
+      acc += half_to_float(d) * s[g] * static_cast<float>(dot);
+      accm += half_to_float(m) * xsum[g];
+    }
+    y[i] = acc + accm;
   }
-  return total + msum;
 #endif
 }
 
-// One output of int8 before its row scale: a row's K signed codes, one quantized activation row r (plain order).
-float i8_dot(const int8_t* w, const Quantized& a, int64_t r) {
+// ---- int8, sixteen rows at a time ------------------------------------------------------------------------------
+// The layout (engine/native.py's i8_rows, from torch's int8 tensors: the same codes and bf16 row scales): output
+// rows in groups of 16; per group, for each block g of 32 columns 8 x 64 bytes, byte (v, i, t) = code[i][4v + t]
+// + 128 (row i's code as an unsigned byte: vpdpbusd multiplies unsigned by signed bytes), then the group's 16 row
+// scales (bf16). sum (code + 128) * xq = sum code * xq + 128 * sum xq: the second term is the activations' own,
+// subtracted once per block.
+constexpr int64_t kI8GroupBlock = 512;
+
+// The 16 outputs of one group of rows (its bytes w, G blocks) for activation row r:
+//   y[i] = scale[i] * sum over blocks g of s[g] * (codes[i] . xq)_g
+void i8_group(const uint8_t* w, const Quantized& a, int64_t r, float* y) {
   const int64_t G = a.G;
   const int8_t* xq = a.q.data() + r * a.K;
   const float* s = a.s.data() + r * G;
-  float total = 0.f;
-  int64_t g = 0;
+  const int32_t* qsum = a.qsum.data() + r * G;
+  const uint16_t* scale = reinterpret_cast<const uint16_t*>(w + G * kI8GroupBlock);
 #ifdef INFERLAB_VNNI
-  const float* lane_s = a.lane_s.data() + r * a.K / 4;
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  for (; g + 2 <= G; g += 2) {
-    const __m512i c = _mm512_loadu_si512(w + g * kBlock);
-    const __m512i x = _mm512_loadu_si512(xq + g * kBlock);
-    // |c| . (x with c's sign) = c . x, in the unsigned-by-signed form the instruction takes
-    const __mmask64 neg = _mm512_movepi8_mask(c);
-    const __m512i sx = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-    const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(c), sx);
-    const __m512 scale = _mm512_loadu_ps(lane_s + g * 8);
-    if (g & 2) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc1);
-    else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc0);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g, w += kI8GroupBlock) {
+    const int8_t* xb = xq + g * kBlock;
+    __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();  // two chains of four
+    for (int v = 0; v < 8; v += 2) {
+      d0 = _mm512_dpbusd_epi32(d0, _mm512_loadu_si512(w + 64 * v), _mm512_set1_epi32(load_i32(xb + 4 * v)));
+      d1 = _mm512_dpbusd_epi32(d1, _mm512_loadu_si512(w + 64 * v + 64), _mm512_set1_epi32(load_i32(xb + 4 * v + 4)));
+    }
+    const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(d0, d1), _mm512_set1_epi32(128 * qsum[g]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(s[g]), acc);
   }
-  total = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-#endif
-#ifdef INFERLAB_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  for (; g < G; ++g) {
-    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * kBlock));
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * kBlock));
-    const __m256i dot = dot_u8_i8(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(s[g]), acc);
+  const __m512i sc = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale))), 16);
+  _mm512_storeu_ps(y, _mm512_mul_ps(acc, _mm512_castsi512_ps(sc)));
+#elif defined(INFERLAB_AVX2)
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int half = 0; half < 2; ++half) {  // rows 0-7, then 8-15: the second 32 bytes of each 64
+    const uint8_t* wb = w + 32 * half;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g, wb += kI8GroupBlock) {
+      const int8_t* xb = xq + g * kBlock;
+      __m256i dot = _mm256_setzero_si256();
+      for (int v = 0; v < 8; ++v) {
+        // back to signed codes (|code| <= 127): |c| . (x with c's sign) = c . x without vpmaddubsw's saturation
+        const __m256i c = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * v)), flip);
+        const __m256i x = _mm256_set1_epi32(load_i32(xb + 4 * v));
+        dot = _mm256_add_epi32(dot, dot_u8_i8(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c)));
+      }
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(s[g]), acc);
+    }
+    for (int64_t i = 0; i < 8; ++i) y[8 * half + i] = bf16_to_float(scale[8 * half + i]) * acc[i];
   }
-  total += hsum(acc);
 #else
-  for (; g < G; ++g) {
-    int32_t dot = 0;
-    for (int64_t j = 0; j < kBlock; ++j) dot += w[g * kBlock + j] * xq[g * kBlock + j];
-    total += s[g] * static_cast<float>(dot);
+  for (int64_t i = 0; i < kGroupRows; ++i) {
+    float acc = 0.f;
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* wb = w + g * kI8GroupBlock;
+      int32_t dot = 0;
+      for (int64_t v = 0; v < 8; ++v)
+        for (int64_t t = 0; t < 4; ++t) dot += (int32_t{wb[64 * v + 4 * i + t]} - 128) * xq[g * kBlock + 4 * v + t];
+      acc += s[g] * static_cast<float>(dot);
+    }
+    y[i] = bf16_to_float(scale[i]) * acc;
   }
 #endif
-  return total;
 }
 
 // ---- the kernels' own helper threads ------------------------------------------------------------------------
@@ -362,12 +393,12 @@ Pool* pool_of(int threads) {
   return pool;
 }
 
-// Rows [0, n) in chunks of at least kGrain rows, over the calling thread's torch thread count (on the compute
+// Rows [0, n) in chunks of at least `grain` rows, over the calling thread's torch thread count (on the compute
 // thread: the thread governor's choice).
-void parallel_rows(int64_t n, const std::function<void(int64_t, int64_t)>& body) {
+void parallel_rows(int64_t n, const std::function<void(int64_t, int64_t)>& body, int64_t grain = kGrain) {
   const int threads = at::get_num_threads();
-  if (threads <= 1 || n < 2 * kGrain) return body(0, n);
-  const int64_t chunks = std::min<int64_t>(threads * kChunksPerThread, n / kGrain);
+  if (threads <= 1 || n < 2 * grain) return body(0, n);
+  const int64_t chunks = std::min<int64_t>(threads * kChunksPerThread, n / grain);
   const int64_t step = (n + chunks - 1) / chunks;
   pool_of(threads)->run(static_cast<int>(chunks), [&](int c) {
     const int64_t lo = c * step, hi = std::min(n, lo + step);
@@ -381,47 +412,46 @@ void check_x(const at::Tensor& x, int64_t K) {
               " (a multiple of 32)");
 }
 
-// x [M, K] float32; rows uint8 [N, 5K/8]: each output row's Q4_1 code bytes [K/2], then its d values and its m
-// values (fp16 [K/32] each) -> [M, N]. A row's bytes lie together: the weights are read as one stream.
+// x [M, K] float32; rows uint8 [N, 5K/8]: groups of 16 output rows, each group's Q4_1 codes, d and m values block
+// by block (see q4_group; 20 bytes per 32 weights, as in the GGUF) -> [M, N]. A group's bytes lie together: the
+// weights are read as one stream.
 at::Tensor q4_linear(const at::Tensor& x_in, const at::Tensor& rows) {
-  TORCH_CHECK(rows.scalar_type() == at::kByte && rows.dim() == 2 && rows.is_contiguous() && rows.size(1) % 20 == 0,
-              "rows: uint8 [N, 20 bytes per block of 32 weights]");
+  TORCH_CHECK(rows.scalar_type() == at::kByte && rows.dim() == 2 && rows.is_contiguous() && rows.size(1) % 20 == 0 &&
+              rows.size(0) % kGroupRows == 0,
+              "rows: uint8 [N, 20 bytes per block of 32 weights], N a multiple of 16 (engine/native.py q4_rows)");
   const int64_t N = rows.size(0), R = rows.size(1), G = R / 20, K = G * kBlock;
   const at::Tensor x = x_in.contiguous();
   check_x(x, K);
   const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
-  const Quantized a = quantize(x.data_ptr<float>(), M, K, true);
+  const Quantized a = quantize(x.data_ptr<float>(), M, K);
   const uint8_t* wp = rows.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  parallel_rows(N, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const uint8_t* row = wp + n * R;
-      const uint16_t* d = reinterpret_cast<const uint16_t*>(row + K / 2);
-      for (int64_t r = 0; r < M; ++r) yp[r * N + n] = q4_dot(row, d, d + G, a, r);
-    }
-  });
+  parallel_rows(N / kGroupRows, [&](int64_t g0, int64_t g1) {
+    for (int64_t grp = g0; grp < g1; ++grp)
+      for (int64_t r = 0; r < M; ++r) q4_group(wp + grp * kGroupRows * R, a, r, yp + r * N + grp * kGroupRows);
+  }, kGrain / kGroupRows);
   return y;
 }
 
-// x [M, K] float32; codes int8 [N, K] (-127..127); scale bfloat16 [N] -> [M, N]
-at::Tensor i8_linear(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scale) {
-  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 2 && codes.is_contiguous(), "codes: int8 [N, K]");
-  TORCH_CHECK(scale.scalar_type() == at::kBFloat16 && scale.numel() == codes.size(0) && scale.is_contiguous(),
-              "scale: bfloat16 [N]");
-  const int64_t N = codes.size(0), K = codes.size(1);
+// x [M, K] float32; rows uint8 [N, K + 2]: groups of 16 output rows, each group's offset codes block by block, then
+// its row scales (see i8_group; the bytes of torch's int8 codes and bf16 scales) -> [M, N]
+at::Tensor i8_linear(const at::Tensor& x_in, const at::Tensor& rows) {
+  TORCH_CHECK(rows.scalar_type() == at::kByte && rows.dim() == 2 && rows.is_contiguous() && rows.size(1) >= 2 &&
+              (rows.size(1) - 2) % kBlock == 0 && rows.size(0) % kGroupRows == 0,
+              "rows: uint8 [N, K + 2], K a multiple of 32, N of 16 (engine/native.py i8_rows)");
+  const int64_t N = rows.size(0), R = rows.size(1), K = R - 2;
   const at::Tensor x = x_in.contiguous();
   check_x(x, K);
   const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
-  const Quantized a = quantize(x.data_ptr<float>(), M, K, false);
-  const int8_t* wp = codes.data_ptr<int8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
+  const Quantized a = quantize(x.data_ptr<float>(), M, K);
+  const uint8_t* wp = rows.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  parallel_rows(N, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n)
-      for (int64_t r = 0; r < M; ++r) yp[r * N + n] = bf16_to_float(sp[n]) * i8_dot(wp + n * K, a, r);
-  });
+  parallel_rows(N / kGroupRows, [&](int64_t g0, int64_t g1) {
+    for (int64_t grp = g0; grp < g1; ++grp)
+      for (int64_t r = 0; r < M; ++r) i8_group(wp + grp * kGroupRows * R, a, r, yp + r * N + grp * kGroupRows);
+  }, kGrain / kGroupRows);
   return y;
 }
 
@@ -814,10 +844,7 @@ at::Tensor step_linear(const at::Tensor& x, int64_t kind, const at::Tensor& w, c
       y = at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), w, 32, *aux);
       break;
     case 4: y = q4_linear(x, w); return bias ? y + *bias : y;
-    case 5:
-      TORCH_CHECK(aux.has_value(), "decode_layers: int8 needs its row scales");
-      y = i8_linear(x, w, *aux);
-      return bias ? y + *bias : y;
+    case 5: y = i8_linear(x, w); return bias ? y + *bias : y;
     case 6: y = f32_linear(x, w); return bias ? y + *bias : y;
     case 7: y = bf16_linear(x, w); return bias ? y + *bias : y;
     default: TORCH_CHECK(false, "decode_layers: kernel kind ", kind, " is not run here");
