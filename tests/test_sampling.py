@@ -279,7 +279,25 @@ def test_temperature_zero_is_greedy(logits, params, prompt, output, seed):
     tok, tr = sample(t32(logits), params, prompt, output, make_generator(seed), trace=True)
     assert tok == ref["argmax"]
     assert tr.greedy and tr.chosen == tok and tr.chosen_prob == 1.0
-    assert sample(t32(logits), params, prompt, output, make_generator(seed))[0] == tok
+    # untraced (without penalties: the chain's short cut) the same token, and the same one uniform consumed
+    untraced, traced = make_generator(seed), make_generator(seed)
+    assert sample(t32(logits), params, prompt, output, untraced)[0] == tok
+    sample(t32(logits), params, prompt, output, traced, trace=True)
+    assert torch.equal(untraced.get_state(), traced.get_state())
+
+
+def test_greedy_refuses_or_clamps_the_same_traced_or_not():
+    for trace in (False, True):
+        with pytest.raises(ValueError, match="finite logit"):
+            sample(torch.full((8,), float("-inf")), SamplingParams(temperature=0), [], [], make_generator(0),
+                   trace=trace)
+        with pytest.raises(ValueError, match="NaN"):
+            sample(t32([1.0, float("nan"), 2.0]), SamplingParams(temperature=0), [], [], None, trace=trace)
+        with pytest.raises(ValueError, match="outside"):
+            sample(t32([1.0, 2.0]), SamplingParams(temperature=0), [5], [], None, trace=trace)
+        # +inf is clamped to the largest float: the first of the tied winners
+        assert sample(t32([3.4028234663852886e38, float("inf"), 1.0]), SamplingParams(temperature=0), [], [],
+                      None, trace=trace)[0] == 0
 
 
 def test_greedy_argmax_tie_takes_lowest_id():
