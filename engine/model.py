@@ -17,6 +17,7 @@ slow whenever the web app's threads were busy), with bitwise the same results.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
@@ -334,20 +335,22 @@ class Model:
         """
         spec, dev = self.spec, self.device
         H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long, device=dev)
         lens = [len(s.token_ids) for s in seqs]
-        positions = torch.cat([torch.arange(s.start_pos, s.start_pos + n) for s, n in zip(seqs, lens)]).to(dev)
-        new_slots = torch.cat([s.slots[s.start_pos:] for s in seqs]).to(dev)
-        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
         decode_only = all(n == 1 for n in lens)
         offsets = [0]
         for n in lens:
             offsets.append(offsets[-1] + n)
-
         caps: dict[int, SeqCapture] = {}
         want = set(range(len(seqs))) if capture_seqs is None else capture_seqs
         if not want:
             capture = None  # no sequence of this batch is instrumented: the uninstrumented (GIL-free) path
+        if capture is None and len(seqs) == 1 and decode_only and scripted.LAYERS is not None:
+            return self._decode_one(seqs[0], kv, exit_layer, gil_free_hook), caps
+
+        ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long, device=dev)
+        positions = torch.cat([torch.arange(s.start_pos, s.start_pos + n) for s, n in zip(seqs, lens)]).to(dev)
+        new_slots = torch.cat([s.slots[s.start_pos:] for s in seqs]).to(dev)
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
         attn_layers = set(range(spec.num_layers)) if capture is None or capture.attention_layers is None \
             else set(capture.attention_layers)
         if capture is not None:
@@ -375,24 +378,9 @@ class Model:
         rows = torch.cat([torch.arange(offsets[i + 1] - s.logits_rows, offsets[i + 1])
                           for i, s in enumerate(seqs)]).to(dev)
         if capture is None and scripted.LAYERS is not None:  # nothing to record: the GIL-free stack
-            # plain decode steps run on the thread count measured fastest now (engine/governor.py)
-            governed = decode_only and exit_layer is None and compute.on_compute_thread()
-            if governed:
-                GOVERNOR.before(self, len(seqs))
-                started = time.perf_counter()
-            if gil_free_hook is not None:
-                gil_free_hook(True)
-            try:
+            with self._uninstrumented(len(seqs), decode_only and exit_layer is None, gil_free_hook):
                 x = self._scripted_layers(x, cos, sin, new_slots, kv, decode_ctx, seqs, offsets, len(layers))
-                logits = self.logits(x[rows])
-                if governed:
-                    GOVERNOR.after(self, len(seqs), time.perf_counter() - started)
-                return logits, caps
-            finally:
-                if governed:
-                    GOVERNOR.restore()
-                if gil_free_hook is not None:
-                    gil_free_hook(False)
+                return self.logits(x[rows]), caps
         for li, layer in enumerate(layers):
             h = self.rms_norm(x, layer["in_norm"])
             qkv = layer["qkv"](h)
@@ -443,6 +431,41 @@ class Model:
         if capture is not None:
             self._finish_capture(caps, residuals, seqs, offsets, capture, lens_top)
         return logits, caps
+
+    def _decode_one(self, s: SeqInput, kv: KVStorage, exit_layer: int | None, gil_free_hook) -> torch.Tensor:
+        """forward's uninstrumented path for one sequence's one new token (a plain decode step), its inputs as
+        views (the token's embedding row, its rotary row, its slots) where the general path gathers and
+        concatenates: the same values and the same ops after them, ~10 fewer torch ops (each ~20-60 us on the
+        caches a step's weight stream has just flushed)."""
+        dev, pos, tok = self.device, s.start_pos, s.token_ids[0]
+        x = self.embed[tok : tok + 1]
+        cos, sin = self.cos[pos : pos + 1].unsqueeze(1), self.sin[pos : pos + 1].unsqueeze(1)
+        decode_ctx = (s.slots[: pos + 1].view(1, -1).to(dev), None, torch.tensor([pos + 1], device=dev))
+        num_layers = self.spec.num_layers if exit_layer is None else min(exit_layer, self.spec.num_layers)
+        with self._uninstrumented(1, exit_layer is None, gil_free_hook):
+            x = self._scripted_layers(x, cos, sin, s.slots[pos : pos + 1].to(dev), kv, decode_ctx, [s], [0, 1],
+                                      num_layers)
+            return self.logits(x[: s.logits_rows])
+
+    @contextlib.contextmanager
+    def _uninstrumented(self, batch: int, decode: bool, gil_free_hook):
+        """Around the GIL-free stack and the head: the hook (True before, False after), and for plain decode steps
+        on the compute thread the governor's timing and thread count (engine/governor.py)."""
+        governed = decode and compute.on_compute_thread()
+        if governed:
+            GOVERNOR.before(self, batch)
+            started = time.perf_counter()
+        if gil_free_hook is not None:
+            gil_free_hook(True)
+        try:
+            yield
+            if governed:
+                GOVERNOR.after(self, batch, time.perf_counter() - started)
+        finally:
+            if governed:
+                GOVERNOR.restore()
+            if gil_free_hook is not None:
+                gil_free_hook(False)
 
     def _scripted_layers(self, x, cos, sin, new_slots, kv: KVStorage, decode_ctx, seqs: list[SeqInput],
                          offsets: list[int], num_layers: int) -> torch.Tensor:
