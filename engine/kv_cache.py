@@ -227,6 +227,7 @@ class BlockManager:
         self._prefix_hit_tokens = 0
         self._evictions = 0
         self._cow_copies = 0
+        self._states: tuple[tuple, list[dict]] | None = None  # block_states' last answer and what it was of
 
     # ------------------------------------------------------------------ queries
 
@@ -554,6 +555,17 @@ class BlockManager:
         }
 
     def block_states(self) -> list[dict]:
+        """Every block's id, refcount, state (used, cached or free), whether it is hashed, and its owners. Built
+        again only when one of those changed since the last call (most decode steps change none: a block fills
+        every block_size tokens; building 364 blocks' dicts took ~0.2 ms of every step at the default pool). The
+        dicts are shared between calls: read them, do not modify them."""
+        key = (tuple(self._refcounts), tuple(self._block_hash), tuple(self._evictable),
+               tuple((seq_id, tuple(table)) for seq_id, table in self.block_tables.items()))
+        if self._states is None or self._states[0] != key:
+            self._states = (key, self._build_states())
+        return list(self._states[1])
+
+    def _build_states(self) -> list[dict]:
         owners: list[set[int]] = [set() for _ in range(self.num_blocks)]
         for seq_id, table in self.block_tables.items():
             for block in table:

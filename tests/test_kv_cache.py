@@ -587,6 +587,14 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert set(self.bm.block_tables) == set(self.tokens)
 
     @invariant()
+    def block_states_are_never_stale(self):
+        # block_states answers from its last build unless something it reports changed: after every random
+        # operation the answer equals a fresh build
+        if self.bm is None:
+            return
+        assert self.bm.block_states() == self.bm._build_states()
+
+    @invariant()
     def every_sequence_reads_its_own_tokens(self):
         if self.bm is None:
             return
