@@ -77,10 +77,17 @@ struct Quantized {
   std::vector<int32_t> qsum;  // [M, G] the blocks' sums of xq (int8's offset codes)
 };
 
-Quantized quantize(const float* x, int64_t M, int64_t K) {
+// The calling thread's buffers, overwritten by its next call (a decode step quantizes ~120 activation rows: its
+// own vectors each time were ~500 allocations a step). A matmul holds one until it returns.
+const Quantized& quantize(const float* x, int64_t M, int64_t K) {
   const int64_t G = K / kBlock;
-  Quantized out{K, G, std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G),
-                std::vector<int32_t>(M * G)};
+  thread_local Quantized out;
+  out.K = K;
+  out.G = G;
+  out.q.resize(M * K);
+  out.s.resize(M * G);
+  out.sum.resize(M * G);
+  out.qsum.resize(M * G);
   for (int64_t r = 0; r < M; ++r) {
     for (int64_t g = 0; g < G; ++g) {
       const float* xb = x + r * K + g * kBlock;
@@ -430,7 +437,7 @@ at::Tensor q4_linear(const at::Tensor& x_in, const at::Tensor& rows) {
   check_x(x, K);
   const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
-  const Quantized a = quantize(x.data_ptr<float>(), M, K);
+  const Quantized& a = quantize(x.data_ptr<float>(), M, K);
   const uint8_t* wp = rows.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   parallel_rows(N / kGroupRows, [&](int64_t g0, int64_t g1) {
@@ -451,7 +458,7 @@ at::Tensor i8_linear(const at::Tensor& x_in, const at::Tensor& rows) {
   check_x(x, K);
   const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
-  const Quantized a = quantize(x.data_ptr<float>(), M, K);
+  const Quantized& a = quantize(x.data_ptr<float>(), M, K);
   const uint8_t* wp = rows.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   parallel_rows(N / kGroupRows, [&](int64_t g0, int64_t g1) {
