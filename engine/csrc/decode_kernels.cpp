@@ -661,7 +661,10 @@ void softmax_inplace(float* p, int64_t n) {
   float top = -INFINITY, sum = 0.f;
 #ifdef INFERLAB_VNNI
   __m512 mx = _mm512_set1_ps(-INFINITY);
-  for (int64_t t = 0; t < n; t += 16) mx = _mm512_mask_max_ps(mx, tail_mask(n - t), mx, _mm512_loadu_ps(p + t));
+  for (int64_t t = 0; t < n; t += 16) {  // the tail's load masked too: p may end just before an unmapped page
+    const __mmask16 m = tail_mask(n - t);
+    mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, p + t));
+  }
   top = _mm512_reduce_max_ps(mx);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t t = 0; t < n; t += 16) {
