@@ -581,7 +581,8 @@ class Engine:
         if self._embed_norms is None:
             self._embed_norms = emb.float().norm(dim=-1).clamp_min(1e-12)
         head = self.model.head
-        if head.prefill.weight.data_ptr() == emb.data_ptr():
+        w = head.prefill.weight  # a oneDNN-packed weight has no storage to compare (q4's head prefill may be one)
+        if w.layout == torch.strided and w.data_ptr() == emb.data_ptr():
             # tied float32 embeddings: the LM head's kernel computes these dot products (~2x faster on CPU
             # than a plain matrix-vector product; one runs after every step the lab shows)
             dots = head(emb[token_id][None], prefer_decode=True)[0].float()

@@ -118,6 +118,22 @@ def test_each_format_stays_close_to_fp32(fmt, engines, base_engine, reference):
     assert all(k["format"] == (fmt if name != "head" or fmt != "q4" else "int8") for name, k in kinds.items())
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "q4"])
+def test_nearest_tokens_in_every_format(fmt, engines):
+    """The lab asks for a token's neighbours after every step it shows. In these formats the head's prefill kernel
+    is often oneDNN's, whose packed weight has no storage to compare with the embedding's (asking for its address
+    raised, and every step of a q4 lab showed an error): still the cosine top-k over the embedding table."""
+    eng = engines(fmt)
+    emb = eng.model.embed.float()
+    tid = 354
+    cos = torch.nn.functional.cosine_similarity(emb, emb[tid][None], dim=-1)
+    cos[tid] = -2.0  # the token itself is not its own neighbour
+    top = cos.topk(8)
+    got = eng.nearest_tokens(tid, 8)
+    assert [i for i, _, _ in got] == top.indices.tolist()
+    assert [c for _, _, c in got] == pytest.approx(top.values.tolist(), abs=1e-5)
+
+
 def test_q4_drafter_keeps_speculative_decoding_exact(base_engine):
     """The model's own 4-bit kernels drafting for its float32 self: greedy output identical to plain decoding,
     and most drafts accepted (the two are the same weights up to rounding)."""
