@@ -101,7 +101,9 @@ def test_ids_are_unique_and_the_export_picker_names_charts(lab):
     page.wait_for_function("() => document.querySelector('#step').innerText.includes('Шаг')", timeout=30000)
     page.click("#trace > button, #trace .label-wrap")
     box = page.locator("#export_chart input")
-    page.wait_for_function("() => document.querySelector('#export_chart input').value === 'Логиты и вероятности'",
+    # the accordion renders its content after the click: until then there is no input (a null is waited past,
+    # not an error; CI once evaluated the predicate in that instant)
+    page.wait_for_function("() => document.querySelector('#export_chart input')?.value === 'Логиты и вероятности'",
                            timeout=30000)
     # the chosen chart's name is shown whole, not cut by the box
     assert box.evaluate("(el) => el.scrollWidth <= el.clientWidth + 1")
