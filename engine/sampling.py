@@ -560,7 +560,7 @@ def _check_params(params) -> None:
 
 
 def _prepare(logits, params, prompt_ids, output_ids, mask=None):
-    _check_params(params)
+    """The checked logits and id lists (params: `_check_params` first, once)."""
     x = _as_logits(logits)
     prompt = _as_ids(prompt_ids, x.numel(), "prompt_ids")
     output = _as_ids(output_ids, x.numel(), "output_ids")
@@ -577,6 +577,7 @@ def _prepare(logits, params, prompt_ids, output_ids, mask=None):
 def sampling_probs(logits, params: SamplingParams, prompt_ids=(), output_ids=(), mask=None) -> torch.Tensor:
     """The exact final distribution the draw uses: float32 over the vocabulary, sums to 1. `mask`: the tokens a
     grammar allows (a bool tensor over the vocabulary; None: unconstrained)."""
+    _check_params(params)
     x, prompt, output = _prepare(logits, params, prompt_ids, output_ids, mask)
     st = _run_chain(x, params, prompt, output, mask=mask)
     probs = st.softmax()
@@ -602,9 +603,11 @@ def sample(
     seeded request reproduces whatever its params are. `mask`: as in sampling_probs."""
     if trace:
         top_n = _check_top_n(top_n)  # before the generator is touched: a bad call must not consume u
-    fast = _greedy_fast(logits, params, prompt_ids, output_ids, generator) if not trace and mask is None else None
-    if fast is not None:
-        return fast, None
+    _check_params(params)
+    if not trace and mask is None and params.greedy and not _penalties_active(params):
+        fast = _greedy_fast(logits, prompt_ids, output_ids, generator)
+        if fast is not None:
+            return fast, None
     x, prompt, output = _prepare(logits, params, prompt_ids, output_ids, mask)
     record = [] if trace else None
     st = _run_chain(x, params, prompt, output, record, mask)
@@ -615,16 +618,13 @@ def sample(
     return d.chosen, _build_trace(record, d, params, u, top_n, prompt, output)
 
 
-def _greedy_fast(logits, params, prompt_ids, output_ids, generator) -> int | None:
-    """The chain's answer for greedy params without penalties, without its stages: the first position of the
-    largest logit (the lowest id among ties, as the chain's argmax), after the same checks; one uniform drawn, as
-    always. None where the chain must run (other params, or a largest logit that is not finite: NaN, +inf, or
-    none finite, which the chain refuses or clamps). Why: a decode step samples on caches its forward has just
-    flushed, where each torch op costs tens of microseconds; the chain and the draw took ~0.3-0.6 ms of a ~6 ms
-    q4 step, this one max ~0.1 ms."""
-    _check_params(params)
-    if not params.greedy or _penalties_active(params):
-        return None
+def _greedy_fast(logits, prompt_ids, output_ids, generator) -> int | None:
+    """The chain's answer for greedy params without penalties (the caller checked them), without its stages: the
+    first position of the largest logit (the lowest id among ties, as the chain's argmax), after the same checks;
+    one uniform drawn, as always. None where the chain must run (logits not a float32 CPU vector, or a largest
+    logit that is not finite: NaN, +inf, or none finite, which the chain refuses or clamps). Why: a decode step
+    samples on caches its forward has just flushed, where each torch op costs tens of microseconds; the chain and
+    the draw took ~0.3-0.6 ms of a ~6 ms q4 step, this one max ~0.1 ms."""
     if not (isinstance(logits, torch.Tensor) and logits.dtype == torch.float32 and logits.device.type == "cpu"
             and logits.dim() == 1 and logits.numel() > 0):
         return None
@@ -645,6 +645,7 @@ def trace_chain(logits, params: SamplingParams, prompt_ids, output_ids, u: float
     if not 0.0 <= float(u) < 1.0:
         raise value_error("u", "in [0, 1)", u)
     top_n = _check_top_n(top_n)
+    _check_params(params)
     x, prompt, output = _prepare(logits, params, prompt_ids, output_ids, mask)
     record: list = []
     st = _run_chain(x, params, prompt, output, record, mask)

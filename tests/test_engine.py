@@ -274,17 +274,21 @@ def test_torch_on_other_threads_starts_no_openmp_team():
     assert compute.run(torch.get_num_threads) == compute.THREADS >= 1
 
 
-def test_nearest_tokens_are_the_cosine_top_k(engine):
+def check_nearest_tokens(engine, tid: int, k: int = 8) -> None:
     """Engine.nearest_tokens against an independent cosine over the whole embedding table."""
     emb = engine.model.embed.float()
+    cos = torch.nn.functional.cosine_similarity(emb, emb[tid][None], dim=-1)
+    cos[tid] = -2.0  # the token itself is not its own neighbour
+    top = cos.topk(k)
+    got = engine.nearest_tokens(tid, k)
+    assert [i for i, _, _ in got] == top.indices.tolist()
+    assert [c for _, _, c in got] == pytest.approx(top.values.tolist(), abs=1e-5)
+    assert all(text == engine.token_text(i) for i, text, _ in got)
+
+
+def test_nearest_tokens_are_the_cosine_top_k(engine):
     for tid in (354, engine.tokenizer.encode(" gravity", add_special_tokens=False)[0]):
-        cos = torch.nn.functional.cosine_similarity(emb, emb[tid][None], dim=-1)
-        cos[tid] = -2.0  # the token itself is not its own neighbour
-        top = cos.topk(8)
-        got = engine.nearest_tokens(tid, 8)
-        assert [i for i, _, _ in got] == top.indices.tolist()
-        assert [c for _, _, c in got] == pytest.approx(top.values.tolist(), abs=1e-5)
-        assert all(text == engine.token_text(i) for i, text, _ in got)
+        check_nearest_tokens(engine, tid)
 
 
 def test_the_lens_shares_the_heads_pass_without_changing_the_logits(engine):

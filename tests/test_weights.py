@@ -9,6 +9,7 @@ from engine import kernels, scripted
 from engine.loader import bundled_dir, bundled_gguf_path
 from engine.quant import dequantise, read_q4_1
 from engine.speculative import SpeculativeConfig
+from test_engine import check_nearest_tokens
 
 PROMPTS = ["What is gravity?", "Что такое гравитация?", "def fibonacci(n):"]
 TOKENS = 16
@@ -123,15 +124,7 @@ def test_nearest_tokens_in_every_format(fmt, engines):
     """The lab asks for a token's neighbours after every step it shows. In these formats the head's prefill kernel
     is often oneDNN's, whose packed weight has no storage to compare with the embedding's (asking for its address
     raised, and every step of a q4 lab showed an error): still the cosine top-k over the embedding table."""
-    eng = engines(fmt)
-    emb = eng.model.embed.float()
-    tid = 354
-    cos = torch.nn.functional.cosine_similarity(emb, emb[tid][None], dim=-1)
-    cos[tid] = -2.0  # the token itself is not its own neighbour
-    top = cos.topk(8)
-    got = eng.nearest_tokens(tid, 8)
-    assert [i for i, _, _ in got] == top.indices.tolist()
-    assert [c for _, _, c in got] == pytest.approx(top.values.tolist(), abs=1e-5)
+    check_nearest_tokens(engines(fmt), 354)
 
 
 def test_q4_drafter_keeps_speculative_decoding_exact(base_engine):

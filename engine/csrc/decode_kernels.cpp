@@ -152,7 +152,6 @@ inline float hsum(__m256 v) {
 inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
 #endif
 
-
 // ---- q4, sixteen rows at a time -------------------------------------------------------------------------------
 // The layout (engine/native.py's q4_rows builds it from the file's codes, d and m, losslessly): output rows in
 // groups of 16; for each group and each block g of 32 columns, 320 bytes:
