@@ -223,6 +223,8 @@ class Model:
         # the lab's fused small ops (norm, rotary + K/V write, decode attention, silu * up: engine/native.py) on
         # both paths, where they are built
         self.native_ops = self.device.type == "cpu" and dtype == torch.float32 and native.available()
+        if self.native_ops:
+            self._pack_decode_weights()
         self._script_args = self._scripted_weights()
         self._stack_args = self._native_stack()
         max_pos = spec.max_position if spec.sliding_window is None else min(spec.max_position, spec.sliding_window)
@@ -246,6 +248,21 @@ class Model:
             # beside the dequantised cache (engine/loader.py), the codes of the same file
             q4 = read_q4_1(loaded.gguf, spec.num_heads, spec.num_kv_heads, loaded.source_dir / "q4_1.safetensors")
         return cls(spec, loaded.state_dict, device=device, dtype=dtype, weights=weights, q4=q4)
+
+    def _pack_decode_weights(self) -> None:
+        """The lab's one-row kernels' weights, in the order a decode step reads them (each layer's qkv, o, gate_up,
+        down, then the head), moved into one buffer (engine/native.py, pack). A tensor the matrix's other kernels
+        share (fp32 and bf16: the same weights for MKL) moves for them too, and so does a tied embedding, so that
+        nothing is kept twice."""
+        lins = [layer[name] for layer in self.layers for name in ("qkv", "o", "gate_up", "down")] + [self.head]
+        own = [lin.single for lin in lins if lin.single.kind in scripted.NATIVE_KINDS]
+        if not own:
+            return
+        moved = {id(k.weight): new for k, new in zip(own, native.pack([k.weight for k in own]))}
+        for lin in lins:
+            for k in (lin.single, lin.decode, lin.prefill):
+                k.weight = moved.get(id(k.weight), k.weight)
+        self.embed = moved.get(id(self.embed), self.embed)
 
     def _scripted_weights(self) -> dict:
         """The layers' tensors as the flat lists engine.scripted.layers takes (built once)."""

@@ -181,3 +181,24 @@ def i8_unpack(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     b = grouped[:, : g * 512].reshape(n // 16, g, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(n, k)
     codes = (b.to(torch.int16) - 128).to(torch.int8)
     return codes, grouped[:, g * 512:].contiguous().view(torch.bfloat16).reshape(n)
+
+
+def pack(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of `tensors` (contiguous, each 64-byte aligned) laid end to end, in this order, in one buffer of
+    2 MB-aligned memory advised for transparent huge pages (decode_kernels.cpp, huge_buffer). Given the matrices a
+    decode step reads in the order it reads them, the weights become one stream: the prefetchers run on from
+    one matrix into the next, and ~50x fewer pages mean as many fewer TLB misses. In-process, 30 layers' q4
+    matrices from memory took 0.80-0.85x the time of separately allocated ones here."""
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    starts, end = [], 0
+    for n in sizes:
+        starts.append(end)
+        end += -(-n // 64) * 64
+    buffer = torch.ops.inferlab_native.huge_buffer(max(end, 1))
+    out = []
+    for t, start, n in zip(tensors, starts, sizes):
+        view = buffer[start : start + n].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        out.append(view)
+    return out
+

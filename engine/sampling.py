@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import native
 from .checks import as_int, check_unicode, type_error, value_error
 from .grammar import Grammar, GrammarStep
 from .records import build
@@ -630,7 +631,10 @@ def _greedy_fast(logits, prompt_ids, output_ids, generator) -> int | None:
         return None
     _as_ids(prompt_ids, logits.numel(), "prompt_ids")
     _as_ids(output_ids, logits.numel(), "output_ids")
-    top, chosen = torch.max(logits.detach(), 0)  # a NaN anywhere makes the max NaN (torch propagates it)
+    if native.available():  # the lab's argmax: ~10 us where torch's max took ~0.1 ms
+        chosen, top = torch.ops.inferlab_native.first_max(logits.detach())
+    else:
+        top, chosen = torch.max(logits.detach(), 0)  # a NaN anywhere makes the max NaN (torch propagates it)
     if not math.isfinite(float(top)):
         return None
     torch.rand((), generator=generator, dtype=torch.float64)

@@ -33,6 +33,7 @@ from . import native  # noqa: F401  (defines the torch.ops.inferlab schemas `mat
 # module globals)
 MKL, ONEDNN, INT8, INT4, NATIVE_Q4, NATIVE_I8, NATIVE_F32, NATIVE_BF16 = 0, 1, 2, 3, 4, 5, 6, 7
 STACK_KINDS = (MKL, INT8, INT4, NATIVE_Q4, NATIVE_I8, NATIVE_F32, NATIVE_BF16)  # what native decode_layers runs
+NATIVE_KINDS = (NATIVE_Q4, NATIVE_I8, NATIVE_F32, NATIVE_BF16)  # the lab's own kernels (engine/native.py)
 
 
 def matmul(x: torch.Tensor, kind: int, weight: torch.Tensor, aux: Optional[torch.Tensor],

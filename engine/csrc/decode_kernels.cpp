@@ -31,18 +31,22 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -655,8 +659,13 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w, double eps) {
   return y;
 }
 
-// p[0..n) <- softmax(p)
-void softmax_inplace(float* p, int64_t n) {
+// the cache lines of n floats from r, on their way to L1 (a KV block ends where the next may lie anywhere)
+inline void prefetch_row(const float* r, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) _mm_prefetch(reinterpret_cast<const char*>(r + i), _MM_HINT_T0);
+}
+
+// p[0..n) <- exp(p - top), top the largest p; returns top, and the sum of the exps in *sum
+float exp_inplace(float* p, int64_t n, float* sum_out) {
   float top = -INFINITY, sum = 0.f;
 #ifdef INFERLAB_VNNI
   __m512 mx = _mm512_set1_ps(-INFINITY);
@@ -677,8 +686,127 @@ void softmax_inplace(float* p, int64_t n) {
   for (int64_t t = 0; t < n; ++t) top = std::fmax(top, p[t]);
   for (int64_t t = 0; t < n; ++t) sum += (p[t] = std::exp(p[t] - top));
 #endif
+  *sum_out = sum;
+  return top;
+}
+
+// p[0..n) <- softmax(p)
+void softmax_inplace(float* p, int64_t n) {
+  float sum;
+  exp_inplace(p, n, &sum);
   const float inv = 1.f / sum;
   for (int64_t t = 0; t < n; ++t) p[t] *= inv;
+}
+
+#ifdef INFERLAB_VNNI
+// Scores of the keys [0, t) of one sequence for every head, t the largest multiple of 8 <= len (returned): eight
+// keys at a time, their eight sums reduced together (one reduction per key cost more). The head size is a
+// constant so that the eight sums stay in registers (with a variable one they went through memory on every
+// multiply-add: the attention ran at a third of its speed).
+template <int64_t kD>
+int64_t key_scores(const float* q0, const float* kp, const int64_t* sb, int64_t len, int64_t H, int64_t group,
+                   int64_t row, float sc, float* scores) {
+  int64_t t = 0;
+  for (; t + 8 <= len; t += 8) {
+    const float* k[8];
+    for (int j = 0; j < 8; ++j) k[j] = kp + sb[t + j] * row;
+    for (int64_t j = t + 16; j < std::min(len, t + 24); ++j) prefetch_row(kp + sb[j] * row, row);
+    for (int64_t h = 0; h < H; ++h) {
+      const float* qh = q0 + h * kD;
+      const int64_t off = (h / group) * kD;
+      __m512 acc[8];
+      for (int j = 0; j < 8; ++j) {
+        acc[j] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < kD; i += 16)
+          acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i), _mm512_loadu_ps(k[j] + off + i), acc[j]);
+      }
+      _mm256_storeu_ps(scores + h * len + t, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(sc)));
+    }
+  }
+  return t;
+}
+#endif
+
+// Attention of one query per head over n context tokens (slots sb[0..n)): scores, softmax, weighted sum of V.
+// Every head at once: the K rows, then the V rows, are each read once, in context order. A block's slots are
+// consecutive pool rows, so that is one contiguous stream per block (reading one head at a time touched a third
+// of each row, three times over). stats == nullptr: o [H, D] = the normalised output. Else (a piece of a longer
+// context): o = the sum of exp(score - max) * v, unnormalised, and stats [2H] = each head's max, then its sum.
+void attend_range(const float* q0, const float* kp, const float* vp, const int64_t* sb, int64_t n, int64_t H,
+                  int64_t group, int64_t D, int64_t row, float sc, float* o0, float* stats) {
+  thread_local std::vector<float> scores;  // [H, n]
+  scores.resize(H * n);
+  float* sbuf = scores.data();
+  int64_t t = 0;
+#ifdef INFERLAB_VNNI
+  if (D == 64) t = key_scores<64>(q0, kp, sb, n, H, group, row, sc, sbuf);
+  else if (D == 128) t = key_scores<128>(q0, kp, sb, n, H, group, row, sc, sbuf);
+#endif
+  for (; t < n; ++t) {
+    const float* k = kp + sb[t] * row;
+    for (int64_t h = 0; h < H; ++h) sbuf[h * n + t] = dot(q0 + h * D, k + (h / group) * D, D) * sc;
+  }
+  for (int64_t h = 0; h < H; ++h) {
+    if (stats == nullptr) {
+      softmax_inplace(sbuf + h * n, n);
+    } else {
+      stats[h] = exp_inplace(sbuf + h * n, n, stats + H + h);
+    }
+  }
+  std::fill(o0, o0 + H * D, 0.f);
+  // o[h] = sum over t, in order, of p[h][t] * v[t][h's K/V head], kVChunk tokens at a time: their V rows come
+  // into L1 for the first head and serve the rest from there
+  constexpr int64_t kVChunk = 32;
+  for (int64_t t0 = 0; t0 < n; t0 += kVChunk) {
+    const int64_t t1 = std::min(n, t0 + kVChunk);
+    for (int64_t u = t1; u < std::min(n, t1 + kVChunk); ++u) prefetch_row(vp + sb[u] * row, row);
+    for (int64_t h = 0; h < H; ++h) {
+      const float* p = sbuf + h * n;
+      const int64_t off = (h / group) * D;
+      float* o = o0 + h * D;
+      int64_t i = 0;
+#ifdef INFERLAB_VNNI
+      for (; i + 64 <= D; i += 64) {  // 64 output dims in four registers
+        __m512 acc[4];
+        for (int c = 0; c < 4; ++c) acc[c] = _mm512_loadu_ps(o + i + 16 * c);
+        for (int64_t u = t0; u < t1; ++u) {
+          const float* v = vp + sb[u] * row + off + i;
+          const __m512 wt = _mm512_set1_ps(p[u]);
+          for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(wt, _mm512_loadu_ps(v + 16 * c), acc[c]);
+        }
+        for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + i + 16 * c, acc[c]);
+      }
+#endif
+      for (int64_t u = t0; u < t1; ++u) {
+        const float* v = vp + sb[u] * row + off;
+        for (int64_t j = i; j < D; ++j) o[j] += p[u] * v[j];
+      }
+    }
+  }
+}
+
+// The pieces of one sequence's context (each [H, D] output share, then [H] maxima, [H] sums; see attend_range)
+// into its output [H, D]: each piece weighed by e^(its max - the overall max), in order.
+void merge_pieces(const float* part, int64_t pieces, int64_t H, int64_t D, float* out) {
+  const int64_t stride = H * (D + 2);
+  std::vector<float> w(pieces);
+  for (int64_t h = 0; h < H; ++h) {
+    float top = -INFINITY;
+    for (int64_t i = 0; i < pieces; ++i) top = std::fmax(top, part[i * stride + H * D + h]);
+    float sum = 0.f;
+    for (int64_t i = 0; i < pieces; ++i) {
+      w[i] = std::exp(part[i * stride + H * D + h] - top);
+      sum += w[i] * part[i * stride + H * D + H + h];
+    }
+    float* o = out + h * D;
+    std::fill(o, o + D, 0.f);
+    for (int64_t i = 0; i < pieces; ++i) {
+      const float* src = part + i * stride + h * D;
+      for (int64_t j = 0; j < D; ++j) o[j] += w[i] * src[j];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t j = 0; j < D; ++j) o[j] *= inv;
+  }
 }
 
 // One query per sequence, read straight from the paged pool: q [B, H, D]; k_pool, v_pool [S, KV, D]; slots
@@ -701,70 +829,41 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, co
     TORCH_CHECK(lp[b] >= 1 && lp[b] <= T, "decode_attention: a length outside 1..", T);
     for (int64_t t = 0; t < lp[b]; ++t) TORCH_CHECK(sp[b * T + t] >= 0 && sp[b * T + t] < S, "decode_attention: slot");
   }
-  at::Tensor out = at::zeros_like(q);
+  at::Tensor out = at::empty_like(q);
   const float *qp = q.data_ptr<float>(), *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const int64_t group = H / KV;
+  const int64_t group = H / KV, row = KV * D;  // row: one token's K (or V) for every head, contiguous in the pool
   const float sc = static_cast<float>(scale);
-  // sequence b, K/V head kvh and its `group` query heads together: each K and V row is read once for all of them
-  auto heads_of = [&](int64_t bk) {
-    const int64_t b = bk / KV, kvh = bk % KV, len = lp[b];
-    thread_local std::vector<float> scores;
-    scores.resize(group * len);
-    const float* q0 = qp + (b * H + kvh * group) * D;
-    float* o0 = op + (b * H + kvh * group) * D;
-    int64_t t = 0;
-#ifdef INFERLAB_VNNI
-    if (D % 16 == 0)  // eight keys at a time, their eight sums reduced together (one reduction per key cost more)
-      for (; t + 8 <= len; t += 8)
-        for (int64_t g = 0; g < group; ++g) {
-          __m512 acc[8];
-          for (int j = 0; j < 8; ++j) {
-            const float* k = kp + (sp[b * T + t + j] * KV + kvh) * D;
-            acc[j] = _mm512_setzero_ps();
-            for (int64_t i = 0; i < D; i += 16)
-              acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + g * D + i), _mm512_loadu_ps(k + i), acc[j]);
-          }
-          _mm256_storeu_ps(scores.data() + g * len + t, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(sc)));
-        }
-#endif
-    for (; t < len; ++t) {
-      const float* k = kp + (sp[b * T + t] * KV + kvh) * D;
-      for (int64_t g = 0; g < group; ++g) scores[g * len + t] = dot(q0 + g * D, k, D) * sc;
-    }
-    for (int64_t g = 0; g < group; ++g) softmax_inplace(scores.data() + g * len, len);
-#ifdef INFERLAB_VNNI
-    if (D % 64 == 0) {  // 64 output dims of one head in four registers, over every key
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t i = 0; i < D; i += 64) {
-          __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-          for (int64_t t = 0; t < len; ++t) {
-            const float* v = vp + (sp[b * T + t] * KV + kvh) * D + i;
-            const __m512 wt = _mm512_set1_ps(scores[g * len + t]);
-            for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(wt, _mm512_loadu_ps(v + 16 * c), acc[c]);
-          }
-          for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o0 + g * D + i + 16 * c, acc[c]);
-        }
-      return;
-    }
-#endif
-    for (int64_t t = 0; t < len; ++t) {
-      const float* v = vp + (sp[b * T + t] * KV + kvh) * D;
-      for (int64_t g = 0; g < group; ++g) {
-        const float wt = scores[g * len + t];
-        float* o = o0 + g * D;
-        for (int64_t i = 0; i < D; ++i) o[i] += wt * v[i];
-      }
-    }
+  // A context longer than kPiece is cut into pieces of kPiece tokens: each piece's softmax numerators, their sum
+  // and its share of the output are computed alone (on any thread), then merged in order. The cut depends only
+  // on the length: the result does not depend on the thread count or on the batch. One core alone read the
+  // pool at ~5-7 GB/s (the K/V rows of a step are cold: the weights' stream has just passed), so a single
+  // sequence's attention is shared too.
+  constexpr int64_t kPiece = 32;
+  std::vector<int64_t> first(B + 1, 0);  // sequence b's pieces: [first[b], first[b + 1])
+  for (int64_t b = 0; b < B; ++b) first[b + 1] = first[b] + (lp[b] > kPiece ? (lp[b] + kPiece - 1) / kPiece : 1);
+  const int64_t pieces = first[B];
+  std::vector<float> part(pieces > B ? pieces * H * (D + 2) : 0);  // a cut piece's output share, max and sum
+  auto piece = [&](int64_t b, int64_t i) {
+    const int64_t len = lp[b];
+    const bool cut = len > kPiece;
+    const int64_t t0 = cut ? (i - first[b]) * kPiece : 0, t1 = cut ? std::min(len, t0 + kPiece) : len;
+    float* pp = cut ? part.data() + i * H * (D + 2) : nullptr;
+    attend_range(qp + b * H * D, kp, vp, sp + b * T + t0, t1 - t0, H, group, D, row, sc,
+                 cut ? pp : op + b * H * D, cut ? pp + H * D : nullptr);
   };
-  // a single sequence's heads are too little work to share; a room's step splits them over the threads
-  if (B * H * T < 64 * 1024) {
-    for (int64_t bk = 0; bk < B * KV; ++bk) heads_of(bk);
+  const int64_t threads = at::get_num_threads();
+  if (threads <= 1 || pieces < 2) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = first[b]; i < first[b + 1]; ++i) piece(b, i);
   } else {
-    parallel_rows(B * KV * kGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t bk = lo / kGrain; bk < hi / kGrain; ++bk) heads_of(bk);
+    parallel_rows(pieces * kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo / kGrain; i < hi / kGrain; ++i)
+        piece(std::upper_bound(first.begin(), first.end(), i) - first.begin() - 1, i);
     });
   }
+  for (int64_t b = 0; b < B; ++b)
+    if (lp[b] > kPiece) merge_pieces(part.data() + first[b] * H * (D + 2), first[b + 1] - first[b], H, D, op + b * H * D);
   return out;
 }
 
@@ -909,6 +1008,52 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
   return x;
 }
 
+// nbytes of memory for weights that a decode step streams, 2 MB-aligned and advised for transparent huge pages
+// (engine/native.py's pack). With 4 KB pages a step's ~100 MB of q4 weights span ~25,000 pages, each a TLB miss
+// (a costly one in a VM); where the kernel gives no huge pages the advice is ignored and the pages are ordinary.
+at::Tensor huge_buffer(int64_t nbytes) {
+  TORCH_CHECK(nbytes > 0, "huge_buffer: nbytes must be positive");
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t size = (static_cast<size_t>(nbytes) + kHuge - 1) / kHuge * kHuge;
+  void* p = nullptr;
+  if (posix_memalign(&p, kHuge, size) != 0) throw std::bad_alloc();
+  madvise(p, size, MADV_HUGEPAGE);  // before the first touch: the pages are then allocated huge
+  return at::from_blob(p, {nbytes}, [](void* q) { std::free(q); }, at::TensorOptions().dtype(at::kByte));
+}
+
+// (the first index of x's largest value, that value) for a float32 vector: greedy decoding's argmax (the lowest
+// id among ties, as the sampling chain's), without torch's reduction machinery, which took ~0.1 ms a step on
+// the caches the weights' stream had just flushed. A NaN anywhere gives (-1, NaN): the caller runs the chain.
+std::tuple<int64_t, double> first_max(const at::Tensor& x_in) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 1 && x_in.numel() > 0 && x_in.device().is_cpu(),
+              "first_max: a non-empty float32 vector on the CPU");
+  const at::Tensor x = x_in.contiguous();
+  const float* p = x.data_ptr<float>();
+  const int64_t n = x.numel();
+  float top = -INFINITY;
+  bool nan = false;
+  int64_t i = 0;
+#ifdef INFERLAB_VNNI
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  __mmask16 unordered = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(p + i);
+    unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    mx = _mm512_max_ps(mx, v);
+  }
+  nan = unordered != 0;
+  top = _mm512_reduce_max_ps(mx);
+#endif
+  for (; i < n; ++i) {
+    nan = nan || std::isnan(p[i]);
+    top = std::fmax(top, p[i]);
+  }
+  if (nan) return {-1, NAN};
+  for (i = 0; i < n; ++i)
+    if (p[i] == top) break;
+  return {i, top};
+}
+
 std::string isa() {
 #if defined(INFERLAB_VNNI)
   return "avx512-vnni";
@@ -935,4 +1080,8 @@ TORCH_LIBRARY_IMPL(inferlab, CPU, m) {
   m.impl("decode_layers", &decode_layers);
 }
 
-TORCH_LIBRARY_FRAGMENT(inferlab_native, m) { m.def("isa() -> str", &isa); }
+TORCH_LIBRARY_FRAGMENT(inferlab_native, m) {
+  m.def("isa() -> str", &isa);
+  m.def("huge_buffer(int nbytes) -> Tensor", &huge_buffer);
+  m.def("first_max(Tensor x) -> (int, float)", &first_max);
+}
