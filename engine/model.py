@@ -233,6 +233,7 @@ class Model:
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = emb.cos().to(device=self.device, dtype=dtype)
         self.sin = emb.sin().to(device=self.device, dtype=dtype)
+        self._token_args = self._decode_token_args()
 
     @classmethod
     def from_loaded(cls, loaded, device="cpu", dtype=torch.float32, weights: str = "fp32") -> "Model":
@@ -291,6 +292,8 @@ class Model:
         """How an uninstrumented single-sequence decode step runs the layers (for --stats)."""
         if scripted.LAYERS is None:
             return "the Python loop (TorchScript unavailable)"
+        if self._token_args is not None:
+            return "one native call from the token to its logits (the lab's decode_token)"
         if self._stack_args is not None:
             return "one native call (the lab's decode_layers)"
         return "the TorchScript stack" + ("" if self.native_ops else " (the lab's kernels are not built)")
@@ -450,11 +453,14 @@ class Model:
         return logits, caps
 
     def _decode_one(self, s: SeqInput, kv: KVStorage, exit_layer: int | None, gil_free_hook) -> torch.Tensor:
-        """forward's uninstrumented path for one sequence's one new token (a plain decode step), its inputs as
-        views (the token's embedding row, its rotary row, its slots) where the general path gathers and
-        concatenates: the same values and the same ops after them, ~10 fewer torch ops (each ~20-60 us on the
-        caches a step's weight stream has just flushed)."""
+        """forward's uninstrumented path for one sequence's one new token (a plain decode step): with the lab's ops
+        one native call from the token to its logits (decode_token: ~10 fewer torch calls, each ~20-60 us on the
+        caches a step's weight stream has just flushed); else its inputs as views (the token's embedding row, its
+        rotary row, its slots) where the general path gathers and concatenates. The same values and ops either way."""
         dev, pos, tok = self.device, s.start_pos, s.token_ids[0]
+        if self._token_args is not None and exit_layer is None and s.logits_rows == 1:
+            with self._uninstrumented(1, True, gil_free_hook):
+                return torch.ops.inferlab.decode_token(tok, pos, s.slots, kv.k_layers, kv.v_layers, *self._token_args)
         x = self.embed[tok : tok + 1]
         cos, sin = self.cos[pos : pos + 1].unsqueeze(1), self.sin[pos : pos + 1].unsqueeze(1)
         decode_ctx = (s.slots[: pos + 1].view(1, -1).to(dev), None, torch.tensor([pos + 1], device=dev))
@@ -463,6 +469,17 @@ class Model:
             x = self._scripted_layers(x, cos, sin, s.slots[pos : pos + 1].to(dev), kv, decode_ctx, [s], [0, 1],
                                       num_layers)
             return self.logits(x[: s.logits_rows])
+
+    def _decode_token_args(self) -> tuple | None:
+        """decode_token's arguments after the sequence's own (token, position, slots, K/V pools), where the layers
+        run as one native call and the head's one-row kernel is one of the lab's; else None."""
+        head = self.head.single
+        if self._stack_args is None or head.kind not in scripted.NATIVE_KINDS:
+            return None
+        a, stack = self._script_args, self._stack_args
+        return (self.embed, self.cos, self.sin, a["in_norm"], a["post_norm"], stack["kinds"], stack["weights"],
+                stack["aux"], stack["biases"], a["dims"], a["eps"], a["scale"], self.final_norm, head.kind,
+                head.weight, head.aux, self.head.bias)
 
     @contextlib.contextmanager
     def _uninstrumented(self, batch: int, decode: bool, gil_free_hook):

@@ -1008,6 +1008,30 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
   return x;
 }
 
+// One sequence's plain decode step, from its token to its logits in one call: the token's embedding row and its
+// position's rotary row, decode_layers, the final norm and the head (float32 [1, vocab]). The same ops, in the
+// same order, as the Python path (embedding and rotary views, decode_layers, rms_norm, the head's one-row
+// kernel); without its dozen small torch calls between them, each tens of microseconds on the caches the
+// weights' stream has just flushed (~0.2 ms of a ~4 ms q4 step). slots: the sequence's slots, at least pos + 1.
+at::Tensor decode_token(int64_t token, int64_t pos, const at::Tensor& slots, at::TensorList k_pools,
+                        at::TensorList v_pools, const at::Tensor& embed, const at::Tensor& cos_table,
+                        const at::Tensor& sin_table, at::TensorList in_norm, at::TensorList post_norm,
+                        at::IntArrayRef kinds, at::TensorList weights, const c10::List<std::optional<at::Tensor>>& aux,
+                        const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef dims, double eps,
+                        double scale, const at::Tensor& final_norm, int64_t head_kind, const at::Tensor& head_weight,
+                        const std::optional<at::Tensor>& head_aux, const std::optional<at::Tensor>& head_bias) {
+  TORCH_CHECK(embed.dim() == 2 && token >= 0 && token < embed.size(0), "decode_token: token id outside the vocabulary");
+  TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kLong && pos >= 0 && pos < slots.size(0) &&
+              pos < cos_table.size(0) && pos < sin_table.size(0), "decode_token: a position without a slot or rotary row");
+  const at::Tensor x = embed.narrow(0, token, 1);
+  const at::Tensor cos = cos_table.narrow(0, pos, 1).unsqueeze(1), sin = sin_table.narrow(0, pos, 1).unsqueeze(1);
+  const at::Tensor context = slots.narrow(0, 0, pos + 1).contiguous().view({1, pos + 1});
+  const at::Tensor lengths = at::full({1}, pos + 1, slots.options());
+  const at::Tensor h = decode_layers(x, cos, sin, slots.narrow(0, pos, 1), k_pools, v_pools, in_norm, post_norm,
+                                     kinds, weights, aux, biases, dims, eps, scale, context, lengths);
+  return step_linear(rms_norm(h, final_norm, eps), head_kind, head_weight, head_aux, head_bias);
+}
+
 // nbytes of memory for weights that a decode step streams, 2 MB-aligned and advised for transparent huge pages
 // (engine/native.py's pack). With 4 KB pages a step's ~100 MB of q4 weights span ~25,000 pages, each a TLB miss
 // (a costly one in a VM); where the kernel gives no huge pages the advice is ignored and the pages are ordinary.
@@ -1078,6 +1102,7 @@ TORCH_LIBRARY_IMPL(inferlab, CPU, m) {
   m.impl("rope_store", &rope_store);
   m.impl("silu_mul", &silu_mul);
   m.impl("decode_layers", &decode_layers);
+  m.impl("decode_token", &decode_token);
 }
 
 TORCH_LIBRARY_FRAGMENT(inferlab_native, m) {
