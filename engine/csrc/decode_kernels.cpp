@@ -169,7 +169,9 @@ inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF)
 constexpr int64_t kGroupRows = 16, kQ4GroupBlock = 320;
 // q4's arithmetic per byte is ~3x int8's: with the weights coming from memory the core's own loads then ran only
 // ~2 KB ahead of it. Prefetching 8 KB ahead (26 blocks) took 30 layers' q4 matrices from 24-29 to 26-34 GB/s
-// here (1 and 2 threads, interleaved in one process; 5-20 KB measured, 8-13 best); int8 gained nothing.
+// here (1 and 2 threads, interleaved in one process; 5-20 KB measured, 8-13 best). Non-temporal: the weights,
+// read once a step, then displace less of what the step's other work keeps in the caches (steps alternating in
+// one process: 2-5 % faster q4 steps than with the plain hint; int8's prefetch likewise, 2-3 %).
 constexpr int64_t kQ4Prefetch = 26 * kQ4GroupBlock;
 
 inline int32_t load_i32(const int8_t* p) {
@@ -189,7 +191,7 @@ void q4_group(const uint8_t* w, const Quantized& a, int64_t r, float* y) {
   __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g, w += kQ4GroupBlock) {
     for (int l = 0; l < 5; ++l)  // the block 8 KB ahead (prefetches never fault, also past the end)
-      _mm_prefetch(reinterpret_cast<const char*>(w + kQ4Prefetch + 64 * l), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + kQ4Prefetch + 64 * l), _MM_HINT_NTA);
     const int8_t* xb = xq + g * kBlock;
     __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
     for (int v = 0; v < 4; ++v) {
@@ -255,7 +257,7 @@ void q4_group(const uint8_t* w, const Quantized& a, int64_t r, float* y) {
 // + 128 (row i's code as an unsigned byte: vpdpbusd multiplies unsigned by signed bytes), then the group's 16 row
 // scales (bf16). sum (code + 128) * xq = sum code * xq + 128 * sum xq: the second term is the activations' own,
 // subtracted once per block.
-constexpr int64_t kI8GroupBlock = 512;
+constexpr int64_t kI8GroupBlock = 512, kI8Prefetch = 16 * kI8GroupBlock;
 
 // The 16 outputs of one group of rows (its bytes w, G blocks) for activation row r:
 //   y[i] = scale[i] * sum over blocks g of s[g] * (codes[i] . xq)_g
@@ -268,6 +270,8 @@ void i8_group(const uint8_t* w, const Quantized& a, int64_t r, float* y) {
 #ifdef INFERLAB_VNNI
   __m512 acc = _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g, w += kI8GroupBlock) {
+    for (int l = 0; l < 8; ++l)  // the block 8 KB ahead, non-temporal (see kQ4Prefetch)
+      _mm_prefetch(reinterpret_cast<const char*>(w + kI8Prefetch + 64 * l), _MM_HINT_NTA);
     const int8_t* xb = xq + g * kBlock;
     __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();  // two chains of four
     for (int v = 0; v < 8; v += 2) {
@@ -322,9 +326,11 @@ void i8_group(const uint8_t* w, const Quantized& a, int64_t r, float* y) {
 // And no barrier: a job is cut into chunks that the caller and the helpers claim one at a time, so when a
 // helper has lost its core to another process the caller does the chunks itself instead of waiting a time
 // slice for it (with fixed halves, two busy processes beside us made a 2-thread q4 step 18x the 1-thread one).
-// The caller waits only for a chunk a helper has already begun.
+// The caller waits only for a chunk a helper has already begun. One chunk per thread: each chunk starts a new
+// weight stream and costs a claim on a shared cache line, and with the q4 step's 120 matmuls four chunks per
+// thread made the step 4-5 % slower than one (steps alternating in one process), two 1.5-3 %.
 constexpr auto kSpin = std::chrono::microseconds(200);
-constexpr int kChunksPerThread = 4;
+constexpr int kChunksPerThread = 1;
 
 class Pool {
  public:
