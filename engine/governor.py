@@ -122,10 +122,11 @@ class Governor:
         self.steps.setdefault((key, threads), deque(maxlen=WINDOW)).append(seconds)
         mine = self.steps.get((key, self._current(key)))
         if self.probe is None:
-            if mine and len(mine) >= 3 and key in self.baseline and \
-                    statistics.median(list(mine)[-3:]) > SLOWDOWN * self.baseline[key]:
-                self._wait(MIN_INTERVAL_S)  # the machine changed under us: look again soon
-                self.baseline[key] = statistics.median(list(mine)[-3:])
+            if mine and len(mine) >= 3 and key in self.baseline:
+                recent = sorted((mine[-1], mine[-2], mine[-3]))[1]  # the last three's median, every step: cheaply
+                if recent > SLOWDOWN * self.baseline[key]:
+                    self._wait(MIN_INTERVAL_S)  # the machine changed under us: look again soon
+                    self.baseline[key] = recent
             return
         other, _, times = self.probe
         times.append(seconds)

@@ -599,14 +599,18 @@ def sample(
     trace: bool = False,
     top_n: int = 20,
     mask: torch.Tensor | None = None,
+    checked: bool = False,
 ) -> tuple[int, SamplingTrace | None]:
     """Draw one token. Consumes exactly one uniform number from `generator` (also when greedy), so a
-    seeded request reproduces whatever its params are. `mask`: as in sampling_probs."""
+    seeded request reproduces whatever its params are. `mask`: as in sampling_probs. checked=True: the caller
+    vouches that params are valid and the ids in range (the engine's own copies), and they are not checked
+    again (~0.05 ms of a ~4 ms step)."""
     if trace:
         top_n = _check_top_n(top_n)  # before the generator is touched: a bad call must not consume u
-    _check_params(params)
+    if not checked:
+        _check_params(params)
     if not trace and mask is None and params.greedy and not _penalties_active(params):
-        fast = _greedy_fast(logits, prompt_ids, output_ids, generator)
+        fast = _greedy_fast(logits, prompt_ids, output_ids, generator, checked)
         if fast is not None:
             return fast, None
     x, prompt, output = _prepare(logits, params, prompt_ids, output_ids, mask)
@@ -619,7 +623,7 @@ def sample(
     return d.chosen, _build_trace(record, d, params, u, top_n, prompt, output)
 
 
-def _greedy_fast(logits, prompt_ids, output_ids, generator) -> int | None:
+def _greedy_fast(logits, prompt_ids, output_ids, generator, checked: bool = False) -> int | None:
     """The chain's answer for greedy params without penalties (the caller checked them), without its stages: the
     first position of the largest logit (the lowest id among ties, as the chain's argmax), after the same checks;
     one uniform drawn, as always. None where the chain must run (logits not a float32 CPU vector, or a largest
@@ -629,8 +633,9 @@ def _greedy_fast(logits, prompt_ids, output_ids, generator) -> int | None:
     if not (isinstance(logits, torch.Tensor) and logits.dtype == torch.float32 and logits.device.type == "cpu"
             and logits.dim() == 1 and logits.numel() > 0):
         return None
-    _as_ids(prompt_ids, logits.numel(), "prompt_ids")
-    _as_ids(output_ids, logits.numel(), "output_ids")
+    if not checked:
+        _as_ids(prompt_ids, logits.numel(), "prompt_ids")
+        _as_ids(output_ids, logits.numel(), "output_ids")
     if native.available():  # the lab's argmax: ~10 us where torch's max took ~0.1 ms
         chosen, top = torch.ops.inferlab_native.first_max(logits.detach())
     else:
