@@ -43,6 +43,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
+#include <utility>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -358,7 +360,34 @@ class Pool {
     while (done_.load(std::memory_order_acquire) < chunks) sched_yield();
   }
 
+  // Byte ranges for a waiting helper to bring into its cache until the next job comes (the helper's share of the
+  // next matrices, while this thread runs the small ops between matmuls). A hint: dropped if no helper waits.
+  void prefetch(std::initializer_list<std::pair<const uint8_t*, int64_t>> ranges) {
+    const uint64_t v = bg_seq_.load(std::memory_order_relaxed) + 1;
+    bg_seq_.store(v | 1, std::memory_order_relaxed);  // odd: being written
+    std::atomic_thread_fence(std::memory_order_release);
+    int i = 0;
+    for (const auto& r : ranges) if (i < 4) bg_[i++] = r;
+    bg_count_ = i;
+    bg_seq_.store((v | 1) + 1, std::memory_order_release);  // even: complete
+  }
+
  private:
+  void background(uint64_t& seen_bg, uint64_t job) {
+    const uint64_t v = bg_seq_.load(std::memory_order_acquire);
+    if (v == seen_bg || (v & 1)) return;
+    std::pair<const uint8_t*, int64_t> r[4];
+    const int n = bg_count_;
+    for (int i = 0; i < n; ++i) r[i] = bg_[i];
+    if (bg_seq_.load(std::memory_order_acquire) != v) return;  // rewritten meanwhile: next time
+    seen_bg = v;
+    for (int i = 0; i < n; ++i)
+      for (int64_t off = 0; off < r[i].second; off += 64) {
+        if ((off & 4095) == 0 && (claim_.load(std::memory_order_acquire) >> 32) != job) return;
+        _mm_prefetch(reinterpret_cast<const char*>(r[i].first + off), _MM_HINT_T1);
+      }
+  }
+
   // claim and run chunks of job `seq` until none is left (or a newer job has replaced it)
   void work(uint64_t seq) {
     uint64_t v = claim_.load(std::memory_order_acquire);
@@ -373,11 +402,12 @@ class Pool {
   }
 
   void loop() {
-    uint64_t seen = 0;
+    uint64_t seen = 0, seen_bg = 0;
     auto posted = [&] { return (claim_.load(std::memory_order_acquire) >> 32) != seen; };
     for (;;) {
       const auto start = std::chrono::steady_clock::now();
       while (!posted()) {
+        background(seen_bg, seen);
         if (std::chrono::steady_clock::now() - start > kSpin) {
           std::unique_lock<std::mutex> lock(mutex_);
           wake_.wait(lock, posted);
@@ -397,6 +427,9 @@ class Pool {
   std::atomic<int> chunks_{0};
   std::mutex mutex_, busy_;
   std::condition_variable wake_;
+  std::atomic<uint64_t> bg_seq_{0};
+  std::pair<const uint8_t*, int64_t> bg_[4];
+  int bg_count_ = 0;
 };
 
 // One pool per thread count in a process (the governor moves between 1 and the configured count); a forked
@@ -1002,14 +1035,37 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
     for (int64_t i = 0, n = y.numel(); i < n; ++i) yp[i] = xp[i] + yp[i];
     return y;
   };
+  // While this thread runs the small ops between two matmuls (the norm, rotary, attention, silu), the memory
+  // would idle: the waiting helper brings in its share of the next matrices instead (the second of the two
+  // chunks parallel_rows cuts at two threads, which it then claims). Steps alternating in one process: q4 steps
+  // 2-4 % faster, int8 ~1.5 %; bringing in this thread's share too was slower (it lands in the helper's cache).
+  const int threads = at::get_num_threads();
+  auto share = [&](int64_t i) -> std::pair<const uint8_t*, int64_t> {
+    if (i >= 4 * L || (kinds[i] != 4 && kinds[i] != 5)) return {nullptr, 0};  // the lab's q4 and int8 rows
+    const at::Tensor& w = weights[i];
+    const int64_t groups = w.size(0) / kGroupRows, R = w.size(1);
+    if (groups < 2 * (kGrain / kGroupRows)) return {nullptr, 0};  // one chunk: no helper
+    const int64_t first = (groups + 1) / 2;
+    return {w.data_ptr<uint8_t>() + first * kGroupRows * R, (groups - first) * kGroupRows * R};
+  };
+  auto hint = [&](int64_t i, int64_t j) {
+    if (threads == 2) pool_of(threads)->prefetch({share(i), share(j)});
+  };
   at::Tensor x = x_in.contiguous();
   for (int64_t li = 0; li < L; ++li) {
     const int64_t m = 4 * li;
-    const at::Tensor q = rope_store(proj(rms_norm(x, in_norm[li], eps), m), cos, sin, k_pools[li], v_pools[li],
-                                    new_slots, H, KV);
+    const at::Tensor qkv = proj(rms_norm(x, in_norm[li], eps), m);
+    hint(m + 1, m + 2);
+    const at::Tensor q = rope_store(qkv, cos, sin, k_pools[li], v_pools[li], new_slots, H, KV);
     const at::Tensor out = decode_attention(q, k_pools[li], v_pools[li], slots, lengths, scale);
-    x = residual(x, proj(out.reshape({-1, H * D}), m + 1));
-    x = residual(x, proj(silu_mul(proj(rms_norm(x, post_norm[li], eps), m + 2)), m + 3));
+    const at::Tensor o = proj(out.reshape({-1, H * D}), m + 1);
+    hint(m + 2, m + 3);
+    x = residual(x, o);
+    const at::Tensor gu = proj(rms_norm(x, post_norm[li], eps), m + 2);
+    hint(m + 3, m + 4);
+    const at::Tensor d = proj(silu_mul(gu), m + 3);
+    hint(m + 4, m + 5);
+    x = residual(x, d);
   }
   return x;
 }
