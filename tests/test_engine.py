@@ -309,3 +309,24 @@ def test_the_lens_shares_the_heads_pass_without_changing_the_logits(engine):
     assert all(torch.equal(a, b) for a, b in zip(with_lens, plain))
     lens_ids = ev.seqs[0].capture.lens_ids
     assert lens_ids.shape == (engine.spec.num_layers, 1, 3) and int(lens_ids[-1, 0, 0]) == int(plain[-1].argmax())
+
+
+def test_a_dropped_engine_is_freed_without_the_cycle_collector():
+    """Engine.from_pretrained freezes the interpreter's objects after a load (gc.freeze: full collections no longer
+    walk them), so an engine must be freed by reference counting alone: one that needed the cycle collector would
+    never be freed once frozen. Checked with the collector off, after a request ran through it."""
+    import gc
+    import weakref
+
+    from engine import Engine
+
+    eng = Engine.from_pretrained("bundled", weights="q4", kv_memory=16 << 20)
+    session = eng.session()
+    session.generate("Hi", SamplingParams(max_tokens=3, temperature=0.0))
+    refs = [weakref.ref(eng), weakref.ref(eng.model), weakref.ref(session)]
+    gc.disable()
+    try:
+        del eng, session
+        assert [r() for r in refs] == [None, None, None]
+    finally:
+        gc.enable()
