@@ -150,15 +150,18 @@ def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_any_thread_count(built
     x = torch.randn(6, codes.shape[1])
 
     def run(threads):
-        torch.set_num_threads(threads)
-        try:
-            return [(scripted.matmul(x, k.kind, k.weight, k.aux, None),
-                     [scripted.matmul(x[i:i + 1], k.kind, k.weight, k.aux, None) for i in range(6)])
-                    for k in (kq, k8, kf, kb)]
-        finally:
-            torch.set_num_threads(compute.THREADS)
+        # compute.set_threads, not torch.set_num_threads: that would also make every thread started later (a
+        # later test's) begin with this count (engine/compute.py)
+        compute.set_threads(threads)
+        return compute.run(lambda: [(scripted.matmul(x, k.kind, k.weight, k.aux, None),
+                                     [scripted.matmul(x[i:i + 1], k.kind, k.weight, k.aux, None) for i in range(6)])
+                                    for k in (kq, k8, kf, kb)])
 
-    one, two = compute.run(run, 1), compute.run(run, 2)
+    original = compute.THREADS
+    try:
+        one, two = run(1), run(2)
+    finally:
+        compute.set_threads(original)
     for (full1, rows1), (full2, rows2) in zip(one, two):
         assert torch.equal(full1, full2)
         assert all(torch.equal(r, full1[i:i + 1]) for rows in (rows1, rows2) for i, r in enumerate(rows))
