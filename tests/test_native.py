@@ -2,6 +2,7 @@
 docstring states (activations quantized per block of 32, integer dot products with the weights' own codes), on
 the bundled GGUF's real codes and on shapes that reach every remainder path; results do not depend on the rows
 beside them or on the thread count; bad inputs raise, and the engine still runs without them."""
+import math
 import os
 import shutil
 import subprocess
@@ -165,6 +166,27 @@ def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_any_thread_count(built
     for (full1, rows1), (full2, rows2) in zip(one, two):
         assert torch.equal(full1, full2)
         assert all(torch.equal(r, full1[i:i + 1]) for rows in (rows1, rows2) for i, r in enumerate(rows))
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 49152])
+def test_first_max_is_the_first_largest_and_refuses_nan(built, n):
+    """Greedy decoding's argmax (engine/sampling.py): the lowest index among ties, as torch's first-occurrence
+    argmax over the same vector; a NaN anywhere (in the vector part or the tail) gives (-1, NaN)."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g)
+    for where in sorted({0, n // 2, n - 1}, reverse=True):  # the same largest value, several times
+        x[where] = 9.0
+    i, top = torch.ops.inferlab_native.first_max(x)
+    assert (i, top) == (min({0, n // 2, n - 1}), 9.0)
+    assert i == int(torch.argmax(x))
+    x[n - 1] = float("inf")
+    assert torch.ops.inferlab_native.first_max(x) == (n - 1, float("inf"))
+    assert torch.ops.inferlab_native.first_max(torch.full((n,), float("-inf"))) == (0, float("-inf"))
+    for where in {0, n - 1}:
+        y = x.clone()
+        y[where] = float("nan")
+        i, top = torch.ops.inferlab_native.first_max(y)
+        assert i == -1 and math.isnan(top)
 
 
 def test_bad_inputs_raise_instead_of_reading_wrong_memory(built):

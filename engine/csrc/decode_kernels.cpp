@@ -158,6 +158,16 @@ inline float hsum(__m256 v) {
 inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
 #endif
 
+// The cache lines of the n bytes from p, requested ahead of use (prefetches never fault, also past the end). The
+// compiler's builtin, not _mm_prefetch: this also builds where the vector paths are not compiled. Locality:
+// kToL1 = prefetcht0, kToL2 = prefetcht1, kNonTemporal = prefetchnta.
+constexpr int kNonTemporal = 0, kToL2 = 2, kToL1 = 3;
+template <int kLocality>
+inline void prefetch(const void* p, int64_t n) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < n; off += 64) __builtin_prefetch(c + off, 0, kLocality);
+}
+
 // ---- q4, sixteen rows at a time -------------------------------------------------------------------------------
 // The layout (engine/native.py's q4_rows builds it from the file's codes, d and m, losslessly): output rows in
 // groups of 16; for each group and each block g of 32 columns, 320 bytes:
@@ -362,7 +372,7 @@ class Pool {
 
   // Byte ranges for a waiting helper to bring into its cache until the next job comes (the helper's share of the
   // next matrices, while this thread runs the small ops between matmuls). A hint: dropped if no helper waits.
-  void prefetch(std::initializer_list<std::pair<const uint8_t*, int64_t>> ranges) {
+  void bring_in(std::initializer_list<std::pair<const uint8_t*, int64_t>> ranges) {
     const uint64_t v = bg_seq_.load(std::memory_order_relaxed) + 1;
     bg_seq_.store(v | 1, std::memory_order_relaxed);  // odd: being written
     std::atomic_thread_fence(std::memory_order_release);
@@ -382,9 +392,9 @@ class Pool {
     if (bg_seq_.load(std::memory_order_acquire) != v) return;  // rewritten meanwhile: next time
     seen_bg = v;
     for (int i = 0; i < n; ++i)
-      for (int64_t off = 0; off < r[i].second; off += 64) {
-        if ((off & 4095) == 0 && (claim_.load(std::memory_order_acquire) >> 32) != job) return;
-        _mm_prefetch(reinterpret_cast<const char*>(r[i].first + off), _MM_HINT_T1);
+      for (int64_t off = 0; off < r[i].second; off += 4096) {  // 4 KB at a time, until a job comes
+        if ((claim_.load(std::memory_order_acquire) >> 32) != job) return;
+        prefetch<kToL2>(r[i].first + off, std::min<int64_t>(4096, r[i].second - off));
       }
   }
 
@@ -450,11 +460,18 @@ Pool* pool_of(int threads) {
 
 // Rows [0, n) in chunks of at least `grain` rows, over the calling thread's torch thread count (on the compute
 // thread: the thread governor's choice).
+// The rows of each chunk parallel_rows cuts [0, n) into at `threads` threads (n: one chunk, on the caller).
+int64_t chunk_rows(int64_t n, int threads, int64_t grain) {
+  if (threads <= 1 || n < 2 * grain) return n;
+  const int64_t chunks = std::min<int64_t>(threads * kChunksPerThread, n / grain);
+  return (n + chunks - 1) / chunks;
+}
+
 void parallel_rows(int64_t n, const std::function<void(int64_t, int64_t)>& body, int64_t grain = kGrain) {
   const int threads = at::get_num_threads();
-  if (threads <= 1 || n < 2 * grain) return body(0, n);
-  const int64_t chunks = std::min<int64_t>(threads * kChunksPerThread, n / grain);
-  const int64_t step = (n + chunks - 1) / chunks;
+  const int64_t step = chunk_rows(n, threads, grain);
+  if (step >= n) return body(0, n);
+  const int64_t chunks = (n + step - 1) / step;
   pool_of(threads)->run(static_cast<int>(chunks), [&](int c) {
     const int64_t lo = c * step, hi = std::min(n, lo + step);
     if (lo < hi) body(lo, hi);
@@ -576,13 +593,9 @@ inline float dense_dot(const T* w, int64_t K, const float* x) {
 }
 #endif
 
-// the bytes [p, p + n) on their way in, non-temporal (as the q4 and int8 weights: read once a step). bf16 rows
-// prefetched ~8 KB ahead: steps 4 % faster (alternating in one process); fp32's were not (its rows are twice as
-// long: the core's own streams keep up), so only bf16 does.
-inline void prefetch_nta(const void* p, int64_t n) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t off = 0; off < n; off += 64) _mm_prefetch(c + off, _MM_HINT_NTA);
-}
+// bf16 rows are prefetched ~8 KB ahead, non-temporally (as the q4 and int8 weights: read once a step): steps 4 %
+// faster (alternating in one process); fp32's were not (its rows are twice as long: the core's own streams keep
+// up), so only bf16 does.
 constexpr int64_t kDensePrefetch = 8192;
 
 // x [M, K] float32; w [N, K] of T -> [M, N]; every output by one thread in one order (batch- and thread-invariant)
@@ -604,7 +617,7 @@ at::Tensor dense_linear(const at::Tensor& x_in, const T* wp, int64_t N, int64_t 
     const int64_t ahead = std::max<int64_t>(1, kDensePrefetch / (K * 2));
     parallel_rows(N, [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) {
-        if (n + ahead < n1) prefetch_nta(wp + (n + ahead) * K, K * 2);
+        if (n + ahead < n1) prefetch<kNonTemporal>(wp + (n + ahead) * K, K * 2);
         for (int64_t r = 0; r < M; ++r) yp[r * N + n] = bf16_dot(wp + n * K, K, xe.data() + r * H, xo.data() + r * H);
       }
     });
@@ -710,11 +723,6 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w, double eps) {
   return y;
 }
 
-// the cache lines of n floats from r, on their way to L1 (a KV block ends where the next may lie anywhere)
-inline void prefetch_row(const float* r, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) _mm_prefetch(reinterpret_cast<const char*>(r + i), _MM_HINT_T0);
-}
-
 // p[0..n) <- exp(p - top), top the largest p; returns top, and the sum of the exps in *sum
 float exp_inplace(float* p, int64_t n, float* sum_out) {
   float top = -INFINITY, sum = 0.f;
@@ -761,7 +769,7 @@ int64_t key_scores(const float* q0, const float* kp, const int64_t* sb, int64_t 
   for (; t + 8 <= len; t += 8) {
     const float* k[8];
     for (int j = 0; j < 8; ++j) k[j] = kp + sb[t + j] * row;
-    for (int64_t j = t + 16; j < std::min(len, t + 24); ++j) prefetch_row(kp + sb[j] * row, row);
+    for (int64_t j = t + 16; j < std::min(len, t + 24); ++j) prefetch<kToL1>(kp + sb[j] * row, row * 4);  // a KV block ends where the next may lie anywhere
     for (int64_t h = 0; h < H; ++h) {
       const float* qh = q0 + h * kD;
       const int64_t off = (h / group) * kD;
@@ -810,7 +818,7 @@ void attend_range(const float* q0, const float* kp, const float* vp, const int64
   constexpr int64_t kVChunk = 32;
   for (int64_t t0 = 0; t0 < n; t0 += kVChunk) {
     const int64_t t1 = std::min(n, t0 + kVChunk);
-    for (int64_t u = t1; u < std::min(n, t1 + kVChunk); ++u) prefetch_row(vp + sb[u] * row, row);
+    for (int64_t u = t1; u < std::min(n, t1 + kVChunk); ++u) prefetch<kToL1>(vp + sb[u] * row, row * 4);
     for (int64_t h = 0; h < H; ++h) {
       const float* p = sbuf + h * n;
       const int64_t off = (h / group) * D;
@@ -1054,22 +1062,16 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
   // in the helper's cache).
   const int threads = at::get_num_threads();
   auto share = [&](int64_t i) -> std::pair<const uint8_t*, int64_t> {
-    if (i < 4 * L && (kinds[i] == 6 || kinds[i] == 7)) {  // the lab's fp32 and bf16 rows (chunks of rows)
-      const at::Tensor& w = weights[i];
-      const int64_t N = w.size(0), bytes = w.size(1) * w.element_size();
-      if (N < 2 * kGrain) return {nullptr, 0};
-      const int64_t first = (N + 1) / 2;
-      return {static_cast<const uint8_t*>(w.data_ptr()) + first * bytes, (N - first) * bytes};
-    }
-    if (i >= 4 * L || (kinds[i] != 4 && kinds[i] != 5)) return {nullptr, 0};  // the lab's q4 and int8 rows
+    if (i >= 4 * L || kinds[i] < 4) return {nullptr, 0};  // the lab's row kernels only (q4, int8, fp32, bf16)
     const at::Tensor& w = weights[i];
-    const int64_t groups = w.size(0) / kGroupRows, R = w.size(1);
-    if (groups < 2 * (kGrain / kGroupRows)) return {nullptr, 0};  // one chunk: no helper
-    const int64_t first = (groups + 1) / 2;
-    return {w.data_ptr<uint8_t>() + first * kGroupRows * R, (groups - first) * kGroupRows * R};
+    // q4 and int8 split groups of 16 rows, fp32 and bf16 single rows (their parallel_rows calls)
+    const int64_t unit = kinds[i] <= 5 ? kGroupRows : 1, units = w.size(0) / unit;
+    const int64_t step = chunk_rows(units, 2, kGrain / unit), bytes = unit * w.size(1) * w.element_size();
+    if (step >= units) return {nullptr, 0};  // one chunk: no helper
+    return {static_cast<const uint8_t*>(w.data_ptr()) + step * bytes, (std::min(units, 2 * step) - step) * bytes};
   };
   auto hint = [&](int64_t i, int64_t j) {
-    if (threads == 2) pool_of(threads)->prefetch({share(i), share(j)});
+    if (threads == 2) pool_of(threads)->bring_in({share(i), share(j)});
   };
   at::Tensor x = x_in.contiguous();
   for (int64_t li = 0; li < L; ++li) {
