@@ -11,9 +11,11 @@ alike; reported: min and median over rounds, and ratios of medians against trans
 
 Also printed per format: the bytes a decode step reads (weights + KV), the floor they set at this machine's
 measured memory bandwidth, and the fraction of that floor our step reaches (issue 14 asks >= 70 %). The bandwidth
-is measured in every round, between the contenders, and its median is the one compared with the steps' medians;
-the best of seven passes after the rounds is printed beside it (a peak: on these shared hosts it moves 28-58 GB/s).
-These machines are noisy: read the ratios from one run, not absolute times.
+is measured just before each of our contenders' runs, in every round: "of floor" is the median over rounds of
+that round's floor / that round's step (a host whose speed drifts over tens of seconds moves both alike; the
+steps' and bandwidths' medians compared with each other are printed as "medians"), and the best of seven passes
+after the rounds gives "at best bw" (a peak: on these shared hosts it moves 28-58 GB/s). These machines are
+noisy: read the ratios from one run, not absolute times.
 
 --busy N: the same, with N busy processes beside us for the whole run (`python -c "while True: pass"`: each
 wants a core all the time, as another tenant's CPU-bound work would; a matmul loop would also take memory
@@ -147,20 +149,20 @@ def main() -> None:
             setting(ceiling)
             per_token(run, ctx, ids, 4)
         buffer = torch.ones(512 << 18)  # 512 MB, far larger than any cache
-        round_bws: list[float] = []
+        bws: dict[str, list[float]] = {name: [] for name in contenders if name.startswith("ours")}
         for _ in range(args.rounds):
             for name, (run, ctx, setting, n) in contenders.items():
+                if name in bws:  # on every thread, as shipped: the machine's bandwidth now, not a 1-thread sum's
+                    as_shipped(ceiling)
+                    bws[name].append(compute.run(round_bandwidth, buffer))
                 setting(ceiling)
                 times[name].append(per_token(run, ctx, ids, n))
-            as_shipped(ceiling)
-            round_bws.append(compute.run(round_bandwidth, buffer))
         as_shipped(ceiling)
         threads_now = compute.run(governor.GOVERNOR.describe)
         del buffer
 
-    bw = statistics.median(round_bws)
     peak = measure_bandwidth("cpu")
-    report(args, engines, ids, times, bw, peak, ceiling)
+    report(args, engines, ids, times, bws, peak, ceiling)
     print(f"thread governor at the end: {threads_now}")
     if llm is None:
         print(f"llama.cpp: skipped ({why})")
@@ -170,9 +172,9 @@ def main() -> None:
 
 
 def round_bandwidth(buffer: torch.Tensor) -> float:
-    """Read bandwidth in this round, bytes/s: the median of three sums over `buffer` (like the steps, a median,
-    measured between them; the best of seven at one moment, `measure_bandwidth`, catches the host's quiet
-    instants: 28-58 GB/s on the same machine within an hour)."""
+    """Read bandwidth now, bytes/s: the median of three sums over `buffer` (like the steps, a median; the best of
+    seven at one moment, `measure_bandwidth`, catches the host's quiet instants: 28-58 GB/s on the same machine
+    within an hour)."""
     passes = []
     for _ in range(3):
         t = time.perf_counter()
@@ -181,15 +183,16 @@ def round_bandwidth(buffer: torch.Tensor) -> float:
     return buffer.numel() * 4 / statistics.median(passes)
 
 
-def report(args, engines: dict, ids: list[int], times: dict[str, list[float]], bw: float, peak: float,
-           ceiling: int) -> None:
+def report(args, engines: dict, ids: list[int], times: dict[str, list[float]], bws: dict[str, list[float]],
+           peak: float, ceiling: int) -> None:
     base = statistics.median(times["transformers fp32"])
+    bw = statistics.median(b for runs in bws.values() for b in runs)
     print(f"model: {next(iter(engines.values())).model_id}; prompt {len(ids)} tokens; {args.tokens} decode tokens "
           f"x {args.rounds} rounds; threads {ceiling}; busy processes {args.busy}; memory bandwidth "
-          f"{bw / 1e9:.1f} GB/s (median of the rounds{', beside the busy processes' if args.busy else ''}; best of "
-          f"seven after the rounds{', without them' if args.busy else ''}: {peak / 1e9:.1f})")
+          f"{bw / 1e9:.1f} GB/s (median of those measured before our runs{', beside the busy processes' if args.busy else ''}; "
+          f"best of seven after the rounds{', without them' if args.busy else ''}: {peak / 1e9:.1f})")
     print(f"{'contender':28s} {'min ms/tok':>10s} {'median':>8s} {'tok/s':>7s} {'vs transformers':>16s} "
-          f"{'vs ours 1t':>10s} {'MB/step':>8s} {'floor ms':>9s} {'of floor':>9s} {'at best bw':>10s}")
+          f"{'vs ours 1t':>10s} {'MB/step':>8s} {'floor ms':>9s} {'of floor':>9s} {'medians':>8s} {'at best bw':>10s}")
     for name, ts in times.items():
         med = statistics.median(ts)
         row = f"{name:28s} {min(ts):10.1f} {med:8.1f} {1e3 / med:7.1f} {base / med:15.2f}x"
@@ -199,10 +202,12 @@ def report(args, engines: dict, ids: list[int], times: dict[str, list[float]], b
         if fmt:
             eng = engines[fmt]
             step_bytes = eng.model.weight_bytes_per_step + eng.kv_bytes_per_token * (len(ids) + args.tokens // 2)
-            floor = step_bytes / bw * 1e3
-            row += f" {step_bytes / 1e6:8.0f} {floor:9.1f} {floor / med:9.0%} {step_bytes / peak * 1e3 / med:10.0%}"
+            # each round's floor (at the bandwidth measured just before) over that round's step
+            paired = statistics.median(step_bytes / b * 1e3 / t for b, t in zip(bws[name], ts))
+            mine = statistics.median(bws[name])
+            row += (f" {step_bytes / 1e6:8.0f} {step_bytes / mine * 1e3:9.1f} {paired:9.0%} "
+                    f"{step_bytes / mine * 1e3 / med:8.0%} {step_bytes / peak * 1e3 / med:10.0%}")
         print(row)
-
 
 if __name__ == "__main__":
     main()

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -171,6 +172,7 @@ class KVStorage:
         self.block_size = block_size
         # each layer's slice (a view into the pool), for engine.scripted.layers
         self.k_layers, self.v_layers = list(self.k.unbind(0)), list(self.v.unbind(0))
+        self.decode_plans: dict = {}  # Model -> the number of its native decode plan on this pool (Model._plan_for)
 
     def copy_block(self, src: int, dst: int) -> None:
         bs = self.block_size
@@ -342,7 +344,6 @@ class Model:
         return self.head(self.rms_norm(hidden, self.final_norm), prefer_decode).float()
 
     # ---- the forward --------------------------------------------------------------------------
-    @torch.inference_mode()
     def forward(self, seqs: list[SeqInput], kv: KVStorage, capture: Capture | None = None,
                 capture_seqs: set[int] | None = None, exit_layer: int | None = None, gil_free_hook=None):
         """Run the new tokens of `seqs`; write their K/V into `kv`; return (logits rows, captures).
@@ -353,6 +354,19 @@ class Model:
         gil_free_hook: called with True before and False after the part that needs no GIL (the scripted layers
         and the head), when the forward takes that path (Engine.forward_hook).
         """
+        s = seqs[0] if len(seqs) == 1 else None
+        if (s is not None and len(s.token_ids) == 1 and s.logits_rows == 1 and exit_layer is None
+                and self._token_args is not None and scripted.LAYERS is not None
+                and (capture is None or (capture_seqs is not None and not capture_seqs))):
+            # a plain decode step, one native call: outside inference mode, which it needs no more than any op
+            # that records nothing for autograd (entering it was ~1 % of a q4 step: Python calls, on the caches
+            # the weights' stream has just flushed)
+            return self._decode_native(s, kv, gil_free_hook), {}
+        return self._forward(seqs, kv, capture, capture_seqs, exit_layer, gil_free_hook)
+
+    @torch.inference_mode()
+    def _forward(self, seqs: list[SeqInput], kv: KVStorage, capture: Capture | None, capture_seqs: set[int] | None,
+                 exit_layer: int | None, gil_free_hook):
         spec, dev = self.spec, self.device
         H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
         lens = [len(s.token_ids) for s in seqs]
@@ -452,15 +466,20 @@ class Model:
             self._finish_capture(caps, residuals, seqs, offsets, capture, lens_top)
         return logits, caps
 
+    def _decode_native(self, s: SeqInput, kv: KVStorage, gil_free_hook) -> torch.Tensor:
+        """A plain decode step's logits in one native call from the token (decode_token: ~10 fewer torch calls
+        than _decode_one, each ~20-60 us on the caches a step's weight stream has just flushed), same ops."""
+        plan = kv.decode_plans.get(self)
+        if plan is None:
+            plan = self._plan_for(kv)
+        with self._uninstrumented(1, True, gil_free_hook):
+            return torch.ops.inferlab_native.decode_token(plan, s.token_ids[0], s.start_pos, s.slots)
+
     def _decode_one(self, s: SeqInput, kv: KVStorage, exit_layer: int | None, gil_free_hook) -> torch.Tensor:
-        """forward's uninstrumented path for one sequence's one new token (a plain decode step): with the lab's ops
-        one native call from the token to its logits (decode_token: ~10 fewer torch calls, each ~20-60 us on the
-        caches a step's weight stream has just flushed); else its inputs as views (the token's embedding row, its
-        rotary row, its slots) where the general path gathers and concatenates. The same values and ops either way."""
+        """forward's uninstrumented path for one sequence's one new token where _decode_native does not run (no
+        lab library, an early exit, several logits rows): its inputs as views (the token's embedding row, its rotary
+        row, its slots) where the general path gathers and concatenates. The same values and ops either way."""
         dev, pos, tok = self.device, s.start_pos, s.token_ids[0]
-        if self._token_args is not None and exit_layer is None and s.logits_rows == 1:
-            with self._uninstrumented(1, True, gil_free_hook):
-                return torch.ops.inferlab.decode_token(tok, pos, s.slots, kv.k_layers, kv.v_layers, *self._token_args)
         x = self.embed[tok : tok + 1]
         cos, sin = self.cos[pos : pos + 1].unsqueeze(1), self.sin[pos : pos + 1].unsqueeze(1)
         decode_ctx = (s.slots[: pos + 1].view(1, -1).to(dev), None, torch.tensor([pos + 1], device=dev))
@@ -469,6 +488,14 @@ class Model:
             x = self._scripted_layers(x, cos, sin, s.slots[pos : pos + 1].to(dev), kv, decode_ctx, [s], [0, 1],
                                       num_layers)
             return self.logits(x[: s.logits_rows])
+
+    def _plan_for(self, kv: KVStorage):
+        """decode_token's plan for this model on `kv`: everything a step passes but the sequence's own inputs,
+        handed to the native side once (kept with the pool, which lives no longer than its engine)."""
+        plan = torch.ops.inferlab_native.decode_plan(kv.k_layers, kv.v_layers, *self._token_args)
+        kv.decode_plans[self] = plan
+        weakref.finalize(kv, torch.ops.inferlab_native.drop_plan, plan)  # with the pool, its plans go
+        return plan
 
     def _decode_token_args(self) -> tuple | None:
         """decode_token's arguments after the sequence's own (token, position, slots, K/V pools), where the layers

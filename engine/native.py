@@ -46,10 +46,6 @@ _lib.define("decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor slo
 _lib.define("decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor new_slots, Tensor(a!)[] k_pools, "
             "Tensor(b!)[] v_pools, Tensor[] in_norm, Tensor[] post_norm, int[] kinds, Tensor[] weights, "
             "Tensor?[] aux, Tensor?[] biases, int[] dims, float eps, float scale, Tensor slots, Tensor lengths) -> Tensor")
-_lib.define("decode_token(int token, int pos, Tensor slots, Tensor(a!)[] k_pools, Tensor(b!)[] v_pools, Tensor embed, "
-            "Tensor cos, Tensor sin, Tensor[] in_norm, Tensor[] post_norm, int[] kinds, Tensor[] weights, "
-            "Tensor?[] aux, Tensor?[] biases, int[] dims, float eps, float scale, Tensor final_norm, int head_kind, "
-            "Tensor head_weight, Tensor? head_aux, Tensor? head_bias) -> Tensor")
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()

@@ -19,7 +19,7 @@ import re
 import weakref
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .checks import as_bool, as_int, as_text, type_error
 from .records import build
@@ -164,6 +164,7 @@ class _Table:
             else:
                 self.bytes.append(piece.encode("utf-8"))
         self._ranks: dict[tuple[str, str], int] | None = None
+        self.decode = _plain_decode(tok, backend)
 
     def ranks(self) -> dict[tuple[str, str], int]:
         # Built on first use only: bpe_merges is a teaching view, not on the per-token path.
@@ -184,6 +185,23 @@ class _Table:
 
     def piece(self, token_id: int) -> str | None:
         return self.pieces[token_id] if 0 <= token_id < len(self.pieces) else None
+
+
+def _plain_decode(tok: Any, backend: Any) -> Callable[..., str]:
+    """tok.decode, or the backend's own decode where that is all tok.decode does: a fast tokenizer whose class
+    keeps transformers' decode and _decode, with the clean-up of spaces off. The wrapper's Python layers cost
+    ~30 us a call on the caches a decode step's weights have just flushed, and the detokenizer calls it twice
+    a token."""
+    try:
+        from transformers import PreTrainedTokenizerFast
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    except ImportError:  # transformers' layout changed: keep its decode
+        return tok.decode
+    cls = type(tok)
+    same = (backend is not None and isinstance(tok, PreTrainedTokenizerFast)
+            and cls.decode is PreTrainedTokenizerBase.decode and cls._decode is PreTrainedTokenizerFast._decode
+            and getattr(tok, "clean_up_tokenization_spaces", True) is False)
+    return backend.decode if same else tok.decode
 
 
 _TABLES: "weakref.WeakKeyDictionary[Any, _Table]" = weakref.WeakKeyDictionary()
@@ -515,7 +533,6 @@ class IncrementalDetokenizer:
         if isinstance(stop, str):
             stop = [stop]
         stop = stop or ()
-        self._tok = tok
         self._table = _table(tok)
         self._skip = skip_special_tokens
         self._stops = [s for s in dict.fromkeys(stop) if s]
@@ -585,7 +602,7 @@ class IncrementalDetokenizer:
         return self._ids[new_prefix - 1] in fallback and self._ids[new_prefix] in fallback
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=self._skip) if ids else ""
+        return self._table.decode(ids, skip_special_tokens=self._skip) if ids else ""
 
     def _pending_tail(self) -> bytes:
         return _incomplete_tail(b"".join(self._table.token_bytes(i) for i in self._ids[self._read :]))

@@ -36,7 +36,7 @@ def _llama_python() -> str | None:
     if given:
         return given if shutil.which(given) or Path(given).exists() else None
     try:
-        import llama_cpp  # noqa: F401
+        import llama_cpp.server.app  # noqa: F401  (the [server] extra: llama_cpp alone cannot serve)
     except ImportError:
         return None
     return sys.executable

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -166,6 +167,43 @@ def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_any_thread_count(built
     for (full1, rows1), (full2, rows2) in zip(one, two):
         assert torch.equal(full1, full2)
         assert all(torch.equal(r, full1[i:i + 1]) for rows in (rows1, rows2) for i, r in enumerate(rows))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_starts_its_own_helper_threads(built):
+    """Threads do not survive a fork: a child that kept the parent's pool would run every matmul alone (its helpers
+    are not there). The child's first 2-thread matmul starts a helper, and gets the parent's bits."""
+    w, x = torch.randn(960, 576), torch.randn(1, 576)
+
+    def fork_and_compare():
+        want = scripted.matmul(x, scripted.NATIVE_F32, w, None, None)  # the parent's pool, with its helper
+        pid = os.fork()
+        if pid == 0:  # the child: only this thread was copied
+            ok = False
+            try:
+                before = len(os.listdir("/proc/self/task"))
+                got = scripted.matmul(x, scripted.NATIVE_F32, w, None, None)
+                ok = before == 1 and len(os.listdir("/proc/self/task")) == 2 and torch.equal(got, want)
+            finally:
+                os._exit(0 if ok else 1)
+        return pid
+
+    original = compute.THREADS
+    try:
+        compute.set_threads(2)
+        pid = compute.run(fork_and_compare)
+    finally:
+        compute.set_threads(original)
+    for _ in range(600):  # up to a minute
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung")
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 49152])

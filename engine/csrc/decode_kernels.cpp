@@ -443,15 +443,20 @@ class Pool {
 };
 
 // One pool per thread count in a process (the governor moves between 1 and the configured count); a forked
-// child starts its own, as threads do not survive a fork (the parent's pools are left as they are).
+// child starts its own, as threads do not survive a fork (the parent's pools are left as they are). Forks are
+// counted by an atfork handler: asking getpid() here was a system call per matmul, ~120 a step.
+std::atomic<int> forks{0};
+
 Pool* pool_of(int threads) {
   static std::map<int, Pool*> pools;
-  static pid_t owner = 0;
+  static int seen_forks = 0;
   static std::mutex guard;
+  static const int registered = pthread_atfork(nullptr, nullptr, [] { forks.fetch_add(1); });
+  (void)registered;
   std::lock_guard<std::mutex> lock(guard);
-  if (owner != getpid()) {
+  if (seen_forks != forks.load(std::memory_order_relaxed)) {
     pools.clear();
-    owner = getpid();
+    seen_forks = forks.load(std::memory_order_relaxed);
   }
   Pool*& pool = pools[threads];
   if (pool == nullptr) pool = new Pool(threads);
@@ -1092,28 +1097,91 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
   return x;
 }
 
+// A model's plain decode step with all but the sequence's own inputs fixed: its weights, norms, rotary tables and
+// head, and one cache's K/V pools, handed over once (engine/model.py's Model._plan_for) instead of at every step:
+// as ~450 list elements per call they cost ~35 us warm and ~170 us on the caches the weights' stream has just
+// flushed, ~6 % of a q4 step. Kept here under a number until drop_plan: a TorchScript object instead made every
+// call raise and catch a C++ exception (the op's caller looks for __torch_function__ on each argument).
+struct DecodePlan {
+  std::vector<at::Tensor> k_pools, v_pools, in_norm, post_norm, weights;
+  std::vector<int64_t> kinds, dims;
+  c10::List<std::optional<at::Tensor>> aux, biases;
+  at::Tensor embed, cos, sin, final_norm, head_weight;
+  std::optional<at::Tensor> head_aux, head_bias;
+  int64_t head_kind = 0;
+  double eps = 0, scale = 0;
+};
+
+std::mutex plans_mutex;
+std::map<int64_t, std::shared_ptr<const DecodePlan>> plans;
+int64_t plans_made = 0;
+
+int64_t decode_plan(at::TensorList k_pools, at::TensorList v_pools, const at::Tensor& embed, const at::Tensor& cos,
+                    const at::Tensor& sin, at::TensorList in_norm, at::TensorList post_norm, at::IntArrayRef kinds,
+                    at::TensorList weights, const c10::List<std::optional<at::Tensor>>& aux,
+                    const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef dims, double eps, double scale,
+                    const at::Tensor& final_norm, int64_t head_kind, const at::Tensor& head_weight,
+                    const std::optional<at::Tensor>& head_aux, const std::optional<at::Tensor>& head_bias) {
+  const size_t L = in_norm.size();
+  TORCH_CHECK(L > 0 && k_pools.size() == L && v_pools.size() == L && post_norm.size() == L && kinds.size() == 4 * L &&
+              weights.size() == 4 * L && aux.size() == 4 * L && biases.size() == 4 * L,
+              "decode_plan: per layer two pools, two norms and four matrices (kind, weight, aux, bias)");
+  TORCH_CHECK(embed.dim() == 2 && cos.dim() == 2 && sin.dim() == 2, "decode_plan: embedding and rotary tables are 2-D");
+  auto plan = std::make_shared<DecodePlan>();
+  plan->k_pools = k_pools.vec();
+  plan->v_pools = v_pools.vec();
+  plan->in_norm = in_norm.vec();
+  plan->post_norm = post_norm.vec();
+  plan->weights = weights.vec();
+  plan->kinds = kinds.vec();
+  plan->dims = dims.vec();
+  plan->aux = aux.copy();
+  plan->biases = biases.copy();
+  plan->embed = embed;
+  plan->cos = cos;
+  plan->sin = sin;
+  plan->final_norm = final_norm;
+  plan->head_weight = head_weight;
+  plan->head_aux = head_aux;
+  plan->head_bias = head_bias;
+  plan->head_kind = head_kind;
+  plan->eps = eps;
+  plan->scale = scale;
+  std::lock_guard<std::mutex> lock(plans_mutex);
+  plans[++plans_made] = std::move(plan);
+  return plans_made;
+}
+
+// Forget plan `id` (and let go of its tensors); an unknown id is ignored.
+void drop_plan(int64_t id) {
+  std::lock_guard<std::mutex> lock(plans_mutex);
+  plans.erase(id);
+}
+
 // One sequence's plain decode step, from its token to its logits in one call: the token's embedding row and its
 // position's rotary row, decode_layers, the final norm and the head (float32 [1, vocab]). The same ops, in the
 // same order, as the Python path (embedding and rotary views, decode_layers, rms_norm, the head's one-row
 // kernel); without its dozen small torch calls between them, each tens of microseconds on the caches the
 // weights' stream has just flushed (~0.2 ms of a ~4 ms q4 step). slots: the sequence's slots, at least pos + 1.
-at::Tensor decode_token(int64_t token, int64_t pos, const at::Tensor& slots, at::TensorList k_pools,
-                        at::TensorList v_pools, const at::Tensor& embed, const at::Tensor& cos_table,
-                        const at::Tensor& sin_table, at::TensorList in_norm, at::TensorList post_norm,
-                        at::IntArrayRef kinds, at::TensorList weights, const c10::List<std::optional<at::Tensor>>& aux,
-                        const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef dims, double eps,
-                        double scale, const at::Tensor& final_norm, int64_t head_kind, const at::Tensor& head_weight,
-                        const std::optional<at::Tensor>& head_aux, const std::optional<at::Tensor>& head_bias) {
-  TORCH_CHECK(embed.dim() == 2 && token >= 0 && token < embed.size(0), "decode_token: token id outside the vocabulary");
+at::Tensor decode_token(int64_t plan, int64_t token, int64_t pos, const at::Tensor& slots) {
+  std::shared_ptr<const DecodePlan> p;
+  {
+    std::lock_guard<std::mutex> lock(plans_mutex);
+    const auto it = plans.find(plan);
+    TORCH_CHECK(it != plans.end(), "decode_token: no decode plan ", plan);
+    p = it->second;
+  }
+  TORCH_CHECK(token >= 0 && token < p->embed.size(0), "decode_token: token id outside the vocabulary");
   TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kLong && pos >= 0 && pos < slots.size(0) &&
-              pos < cos_table.size(0) && pos < sin_table.size(0), "decode_token: a position without a slot or rotary row");
-  const at::Tensor x = embed.narrow(0, token, 1);
-  const at::Tensor cos = cos_table.narrow(0, pos, 1).unsqueeze(1), sin = sin_table.narrow(0, pos, 1).unsqueeze(1);
+              pos < p->cos.size(0) && pos < p->sin.size(0), "decode_token: a position without a slot or rotary row");
+  const at::Tensor x = p->embed.narrow(0, token, 1);
+  const at::Tensor cos = p->cos.narrow(0, pos, 1).unsqueeze(1), sin = p->sin.narrow(0, pos, 1).unsqueeze(1);
   const at::Tensor context = slots.narrow(0, 0, pos + 1).contiguous().view({1, pos + 1});
   const at::Tensor lengths = at::full({1}, pos + 1, slots.options());
-  const at::Tensor h = decode_layers(x, cos, sin, slots.narrow(0, pos, 1), k_pools, v_pools, in_norm, post_norm,
-                                     kinds, weights, aux, biases, dims, eps, scale, context, lengths);
-  return step_linear(rms_norm(h, final_norm, eps), head_kind, head_weight, head_aux, head_bias);
+  const at::Tensor h = decode_layers(x, cos, sin, slots.narrow(0, pos, 1), p->k_pools, p->v_pools, p->in_norm,
+                                     p->post_norm, p->kinds, p->weights, p->aux, p->biases, p->dims, p->eps,
+                                     p->scale, context, lengths);
+  return step_linear(rms_norm(h, p->final_norm, p->eps), p->head_kind, p->head_weight, p->head_aux, p->head_bias);
 }
 
 // nbytes of memory for weights that a decode step streams, 2 MB-aligned and advised for transparent huge pages
@@ -1186,11 +1254,16 @@ TORCH_LIBRARY_IMPL(inferlab, CPU, m) {
   m.impl("rope_store", &rope_store);
   m.impl("silu_mul", &silu_mul);
   m.impl("decode_layers", &decode_layers);
-  m.impl("decode_token", &decode_token);
 }
 
 TORCH_LIBRARY_FRAGMENT(inferlab_native, m) {
   m.def("isa() -> str", &isa);
   m.def("huge_buffer(int nbytes) -> Tensor", &huge_buffer);
+  m.def("decode_plan(Tensor[] k_pools, Tensor[] v_pools, Tensor embed, Tensor cos, Tensor sin, Tensor[] in_norm, "
+        "Tensor[] post_norm, int[] kinds, Tensor[] weights, Tensor?[] aux, Tensor?[] biases, int[] dims, float eps, "
+        "float scale, Tensor final_norm, int head_kind, Tensor head_weight, Tensor? head_aux, Tensor? head_bias) -> int",
+        &decode_plan);
+  m.def("drop_plan(int plan) -> ()", &drop_plan);
+  m.def("decode_token(int plan, int token, int pos, Tensor slots) -> Tensor", &decode_token);
   m.def("first_max(Tensor x) -> (int, float)", &first_max);
 }
