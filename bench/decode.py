@@ -209,5 +209,6 @@ def report(args, engines: dict, ids: list[int], times: dict[str, list[float]], b
                     f"{step_bytes / mine * 1e3 / med:8.0%} {step_bytes / peak * 1e3 / med:10.0%}")
         print(row)
 
+
 if __name__ == "__main__":
     main()

@@ -498,8 +498,8 @@ class Model:
         return plan
 
     def _decode_token_args(self) -> tuple | None:
-        """decode_token's arguments after the sequence's own (token, position, slots, K/V pools), where the layers
-        run as one native call and the head's one-row kernel is one of the lab's; else None."""
+        """decode_plan's arguments after the K/V pools (what a plain decode step passes unchanged every time), where
+        the layers run as one native call and the head's one-row kernel is one of the lab's; else None."""
         head = self.head.single
         if self._stack_args is None or head.kind not in scripted.NATIVE_KINDS:
             return None

@@ -169,7 +169,8 @@ def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_any_thread_count(built
         assert all(torch.equal(r, full1[i:i + 1]) for rows in (rows1, rows2) for i, r in enumerate(rows))
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+@pytest.mark.skipif(not hasattr(os, "fork") or not os.path.isdir("/proc/self/task"),
+                    reason="no fork, or no /proc to count threads, here")
 def test_a_forked_child_starts_its_own_helper_threads(built):
     """Threads do not survive a fork: a child that kept the parent's pool would run every matmul alone (its helpers
     are not there). The child's first 2-thread matmul starts a helper, and gets the parent's bits."""

@@ -1102,6 +1102,8 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
 // as ~450 list elements per call they cost ~35 us warm and ~170 us on the caches the weights' stream has just
 // flushed, ~6 % of a q4 step. Kept here under a number until drop_plan: a TorchScript object instead made every
 // call raise and catch a C++ exception (the op's caller looks for __torch_function__ on each argument).
+// decode_token writes the new token's K/V into the plan's pools, which its schema (an int) cannot declare: it is
+// called eagerly only (Model._decode_native), never traced or compiled.
 struct DecodePlan {
   std::vector<at::Tensor> k_pools, v_pools, in_norm, post_norm, weights;
   std::vector<int64_t> kinds, dims;
