@@ -753,14 +753,17 @@ class Engine:
             released = self.blocks.rollback(seq.seq_id, seq.num_computed)
             if w.seq_events[i].spec is not None:
                 w.seq_events[i].spec.rollback.blocks = released
-        # 2. register computed blocks (kept tokens only), then finish
+        # 2. register computed blocks (kept tokens only), then finish. Whether a sequence sampled is read from
+        #    w.reasons (filled by every sampling path), never from item.samples: that property compares
+        #    num_computed with the length, and both moved in this step (a prefill that finished on its first
+        #    token would read False and never be marked finished in its own SeqEvent).
         for i, (item, ev) in enumerate(zip(w.plan, w.seq_events)):
             seq = item.seq
             self.blocks.mark_computed(seq.seq_id, seq.token_ids[: seq.num_computed])
             if w.reasons.get(i) is not None:
                 self._finish(seq, w.reasons[i])
                 w.finished.append(seq.seq_id)
-            if item.samples:
+            if i in w.reasons:
                 ev.finished, ev.finish_reason = seq.status is Status.FINISHED, seq.finish_reason
         # 3. the next round's k, within what max_tokens and the context now leave
         for seq in self.scheduler.running:
