@@ -25,6 +25,8 @@ MAX_TOKENS = 2048
 MAX_TOP = 20
 SERIES_POINTS = 600  # /metrics samples kept (ten minutes at one a second)
 SCRAPE_EVERY_S = 1.0
+ABSENT_BACKOFF_S = (2.0, 60.0)  # after a 404 from /metrics: wait 2 s, doubling to a minute, before asking again
+ABSENT_STATUS = (404, 405, 501)  # the server has no /metrics (llama-cpp-python's server answers 404)
 
 # Each quantity the metrics chart draws, and the names serving engines export it under (after their prefix:
 # "vllm:", "sglang:", "llamacpp:", "inferlab:").
@@ -96,6 +98,9 @@ class AttachTarget:
         self.model = model
         self.series: deque = deque(maxlen=SERIES_POINTS)  # (unix time, {quantity: value})
         self.metrics_note = ""  # why there are no metrics, when there are none
+        self.metrics_absent = False  # the server answered that it has no /metrics (404): asked again after backoff
+        self.scrapes = 0  # requests sent to the server's /metrics
+        self._backoff = 0.0  # seconds until the next request after the last 404 (0: none)
         self._scraped = 0.0
         self._lock = threading.Lock()
 
@@ -107,17 +112,31 @@ class AttachTarget:
             self.model = r.json()["data"][0]["id"]
         return self.model
 
+    def retry_s(self) -> float:
+        """Seconds until /metrics is worth asking again: SCRAPE_EVERY_S, or the backoff after a 404."""
+        return max(SCRAPE_EVERY_S, self._backoff)
+
     def scrape(self) -> deque:
-        """Read the server's /metrics (at most once a second, whoever asks) into the series."""
+        """Read the server's /metrics (at most once a second, whoever asks) into the series. After a 404 (the
+        server has none: llama-cpp-python's) it is asked again only after 2 s, then 4, 8, ... up to a minute."""
         with self._lock:
-            if time.time() - self._scraped < SCRAPE_EVERY_S:
+            if time.time() - self._scraped < self.retry_s():
                 return self.series
             self._scraped = time.time()
+            self.scrapes += 1
         try:
             r = httpx.get(self.url + "/metrics", headers=self.headers, timeout=10)
+            if r.status_code in ABSENT_STATUS:
+                with self._lock:
+                    lo, hi = ABSENT_BACKOFF_S
+                    self._backoff = min(hi, max(lo, self._backoff * 2))
+                    self.metrics_absent = True
+                self.metrics_note = f"absent: HTTP {r.status_code}"
+                return self.series
             r.raise_for_status()
             values = parse_metrics(r.text)
             self.metrics_note = "" if values else "no_known_metrics"
+            self._backoff, self.metrics_absent = 0.0, False
         except httpx.HTTPError as exc:
             self.metrics_note, values = f"unreachable: {exc}"[:200], {}
         if values:

@@ -25,7 +25,7 @@ from fastapi import Request
 
 from .attach import MAX_PROMPT_CHARS, MAX_TOKENS, MAX_TOP, AttachTarget
 from .attach_room import check_token, mount_room, room_batches, watch_metrics
-from .attach_tokens import Tokenizer
+from .attach_tokens import Tokenizer, display_name
 from .charts import attach as charts
 from .i18n import Refusal, lang_of, texts
 from .live import Hub
@@ -114,7 +114,7 @@ def create_attach_app(url: str, api_key: str | None = None, model: str | None = 
         return {"figs": {"attach-top": charts.top_figure(run, None, lang),
                          "attach-timing": charts.timing_figure(run, lang)},
                 "html": {"attach-stream": charts.stream_html(run, lang),
-                         "attach-tokens": charts.tokens_html(tokens, why, server, lang)},
+                         "attach-tokens": charts.tokens_html(tokens, why, server, lang, done=run.done)},
                 "tokens": len(run.tokens), "done": run.done}
 
     @app.get("/attach/top")
@@ -127,8 +127,10 @@ def create_attach_app(url: str, api_key: str | None = None, model: str | None = 
     def metrics(lang: str = "en"):
         target = attachment.target
         series = target.scrape()
-        return {"figs": {"attach-metrics": charts.metrics_figure(series, target.metrics_note, lang_of(lang))},
-                "points": len(series)}
+        # the page's next poll: a second or two while the server has metrics, the backoff after its 404
+        return {"figs": {"attach-metrics": charts.metrics_figure(series, target.metrics_note, lang_of(lang),
+                                                                 retry_s=target.retry_s())},
+                "points": len(series), "absent": target.metrics_absent, "retry_s": target.retry_s()}
 
     @app.post("/attach/target")
     async def switch(request: Request):
@@ -209,8 +211,14 @@ STYLE = """
 body { font-family: Inter, system-ui, sans-serif; margin: 0; background: #f6f7f9; color: #222; }
 header { padding: 12px 20px; background: white; border-bottom: 1px solid #ddd; }
 header h1 { font-size: 20px; margin: 0 0 4px; } header p { margin: 0; font-size: 13px; color: #555; }
-main { display: grid; grid-template-columns: 1fr 1fr; gap: 14px; padding: 14px 20px; }
-section { background: white; border: 1px solid #e2e2e2; border-radius: 8px; padding: 10px 14px; }
+main { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 14px; padding: 14px 20px; }
+section { background: white; border: 1px solid #e2e2e2; border-radius: 8px; padding: 10px 14px; min-width: 0; }
+#attach-target { overflow-wrap: anywhere; }
+@media (max-width: 760px) {  /* a phone or a narrow window: one column, nothing wider than the screen */
+  main { grid-template-columns: minmax(0, 1fr); padding: 10px 8px; gap: 10px; }
+  header { padding: 10px 8px; } section { padding: 8px 10px; }
+  .at-controls label[style] { flex: 1 1 100% !important; } .at-controls input[style] { max-width: 100%; }
+}
 section.wide { grid-column: 1 / -1; } section h2 { font-size: 15px; margin: 2px 0 6px; }
 .at-controls { display: flex; flex-wrap: wrap; gap: 10px; align-items: end; }
 .at-controls label { font-size: 12px; display: flex; flex-direction: column; gap: 2px; }
@@ -227,6 +235,15 @@ button { padding: 6px 18px; font-size: 14px; cursor: pointer; }
 """
 
 
+def target_html(line: str, url: str, model: str) -> str:
+    """The header's "attached to URL, model M" line: a model that is a path (llama.cpp's servers report the GGUF
+    path they were started with) by its file's base name, the whole name in the hover title."""
+    e = html.escape
+    short = display_name(model or "")
+    name = f'<span id="attach-model-name" title="{e(model or "")}">{e(short)}</span>'
+    return e(line).format(url=e(url), model=name)
+
+
 def page_html(lang: str, url: str, model: str, local: bool = True) -> str:
     say = texts("attach", lang)
     e = html.escape
@@ -236,7 +253,7 @@ def page_html(lang: str, url: str, model: str, local: bool = True) -> str:
 <meta name="viewport" content="width=device-width, initial-scale=1"><title>{e(say["title"])}</title>
 <style>{STYLE}</style><script>window.ATTACH = {config};</script>
 <script src="/lab-static/plotly.min.js"></script></head><body>
-<header><h1>{e(say["title"])}</h1><p id="attach-target">{e(say["target"].format(url=url, model=model))}</p></header>
+<header><h1>{e(say["title"])}</h1><p id="attach-target">{target_html(say["target"], url, model)}</p></header>
 <main>
 <section class="wide"><div class="at-controls">
  <label style="flex: 1 1 400px">{e(say["prompt"])}<textarea id="attach-prompt" rows="2">What is gravity?</textarea></label>

@@ -1480,6 +1480,35 @@ UI = {
                                "ru": "токенов: {n} — сам текст запроса по /extras/tokenize сервера: сервер "
                                      "оборачивает его в шаблон чата, которого не показывает, поэтому насчитал "
                                      "{server} (токенизатор модели здесь загрузить не удалось: {why})"},
+    # the server's answer carried no usage (llama-cpp-python's streams): said instead of a count
+    "attach.finished_no_usage": {"en": "finished ({reason}): {n} tokens; the server sent no token counts (its answer "
+                                       "had no usage)",
+                                 "ru": "завершено ({reason}): токенов {n}; сервер не прислал число токенов (в его "
+                                       "ответе нет usage)"},
+    "attach.token_count_no_usage": {"en": "{n} tokens through the model's own tokenizer and chat template (the "
+                                          "server sent no count of its own: its answer had no usage)",
+                                    "ru": "токенов: {n} — по собственному токенизатору и шаблону чата модели (сервер "
+                                          "своего числа не прислал: в его ответе нет usage)"},
+    "attach.token_count_server_no_usage": {"en": "{n} tokens from the server's own /tokenize, its chat template "
+                                                 "applied (the template's text is not returned; the model's "
+                                                 "tokenizer could not be loaded here: {why}). The server's answer "
+                                                 "had no usage, so no count of its own",
+                                           "ru": "токенов: {n} — от собственного /tokenize сервера, с его шаблоном "
+                                                 "чата (текст шаблона сервер не возвращает; токенизатор модели здесь "
+                                                 "загрузить не удалось: {why}). В ответе сервера нет usage, своего "
+                                                 "числа он не прислал"},
+    "attach.token_count_raw_no_usage": {"en": "{n} tokens of the prompt's own text from the server's "
+                                              "/extras/tokenize: the server wraps it in a chat template it does not "
+                                              "show, and its answer had no usage, so the template's tokens are not "
+                                              "counted here (the model's tokenizer could not be loaded here: {why})",
+                                        "ru": "токенов: {n} — сам текст запроса по /extras/tokenize сервера: сервер "
+                                              "оборачивает его в шаблон чата, которого не показывает, а в его ответе "
+                                              "нет usage, поэтому токены шаблона здесь не сосчитаны (токенизатор "
+                                              "модели здесь загрузить не удалось: {why})"},
+    "attach.metrics_absent": {"en": "the server has no /metrics (it answered HTTP {status}); asked again in {s} s, "
+                                    "less and less often, up to once a minute",
+                              "ru": "у сервера нет /metrics (он ответил HTTP {status}); спросим снова через {s} с, "
+                                    "всё реже, до раза в минуту"},
     # ---- attach mode's room load and its field for another server (app/attach_room.py, app/attach_server.py)
     "attach.panel_room": {"en": "7 · Load from the room", "ru": "7 · Нагрузка от зала"},
     "attach.room_text": {"en": "Followers open this page's /follow on their own devices. With the presenter token "

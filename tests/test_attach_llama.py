@@ -23,7 +23,7 @@ import httpx
 import openai
 import pytest
 
-from e2e_util import free_port
+from e2e_util import browser, chromium_available, free_port
 from test_openai_api import app_process
 
 PROMPT = "What is gravity?"
@@ -112,13 +112,56 @@ def test_the_attach_page_draws_llama_cpps_own_answer(llama):
     content = answer.choices[0].logprobs.content
     want = [math.exp(x.logprob) for x in content[-1].top_logprobs]
     assert [round(p, 4) for p in top["x"][::-1]] == [round(p, 4) for p in want]
-    # panel 1: no tokenizer loads from a GGUF path, so the server's /extras/tokenize, labelled as such
+    # panel 1: the server names its model by the GGUF's path; the tokenizer read from that GGUF here gives the
+    # model's real tokens, the engine tokenizer's ids (and as many as llama.cpp counted, give or take its BOS)
     panel = last["html"]["attach-tokens"]
-    ids = httpx.post(url + "/extras/tokenize", json={"input": PROMPT}, timeout=30).json()["tokens"]
-    assert 'data-source="server_raw"' in panel and panel.count('class="at-tok"') == len(ids)
-    # no /metrics on llama-cpp-python's server: the chart says so instead of drawing nothing
+    ids = [int(i) for i in re.findall(r'class="at-tok" data-id="(\d+)"', panel)]
+    assert 'data-source="model"' in panel and ids == _engine_ids(PROMPT), panel
+    assert abs(len(ids) - answer.usage.prompt_tokens) <= 1
+    # where the stream carried no usage the page says so; no "?" for a count
+    status = re.sub(r"<[^>]+>", " ", last["html"]["attach-stream"].rpartition("</div>")[2])
+    assert "?" not in status and ("sent no token counts" in status or "the server counted" in status), status
+    # no /metrics on llama-cpp-python's server: the chart says so, and it is asked again less and less often
     metrics = httpx.get(page + "/attach/metrics", timeout=30).json()
-    assert metrics["points"] == 0
+    assert metrics["points"] == 0 and metrics["absent"] is True and metrics["retry_s"] >= 2
+
+
+def _engine_ids(prompt: str) -> list[int]:
+    """The engine tokenizer's ids of the chat-templated prompt (engine.loader's bundled model)."""
+    from engine.loader import bundled_dir
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(bundled_dir()))
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
+def test_the_page_in_chromium_shows_llama_cpps_model_and_its_real_tokens(llama, tmp_path):
+    """The attach page in Chromium at 420 px: the header names the GGUF by its file (the path in the hover title),
+    the tokens panel holds the model's real tokens (ids equal to the engine tokenizer's), the page stops polling
+    /metrics every 2 s after the server's 404, and nothing is wider than the window."""
+    url, model, page_url = llama
+    with browser() as b:
+        page = b.new_page(viewport={"width": 420, "height": 900})
+        page.goto(page_url)
+        name = page.locator("#attach-model-name")
+        assert name.inner_text() == Path(model).name and name.get_attribute("title") == model
+        page.fill("#attach-prompt", PROMPT)
+        page.fill("#attach-max-tokens", "8")
+        page.fill("#attach-top-n", "5")
+        page.click("#attach-send")
+        page.wait_for_function("() => window.attach.state.done", timeout=180000)
+        ids = page.evaluate("() => [...document.querySelectorAll('#attach-tokens .at-tok')].map((e) => +e.dataset.id)")
+        assert ids == _engine_ids(PROMPT)
+        assert "?" not in page.inner_text("#attach-stream .at-note")
+        page.wait_for_function("() => window.attach.state.absent && window.attach.state.delay >= 4000",
+                               timeout=30000)
+        polls = page.evaluate("() => window.attach.state.polls")
+        time.sleep(6)
+        assert page.evaluate("() => window.attach.state.polls") - polls <= 2  # at 2 s a poll it would be 3
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= 420
+        page.screenshot(path=str(tmp_path / "attach-llama-420.png"), full_page=True)
 
 
 def _follow(page: str, ws) -> str:

@@ -57,12 +57,16 @@ SERIES = (("kv_usage", "y", 100.0), ("hit_rate", "y", 100.0), ("running", "y2", 
           ("preemptions", "y2", 1.0))
 
 
-def metrics_figure(series, note: str, lang: str) -> dict:
+def metrics_figure(series, note: str, lang: str, retry_s: float | None = None) -> dict:
     """The server's /metrics over time: KV-cache usage and prefix hit rate (%, left), requests running and
-    waiting and preemptions (right), each drawn when the server exports it."""
+    waiting and preemptions (right), each drawn when the server exports it. A server without /metrics (it answered
+    404: `note` "absent: ...") is said to have none, and when it is asked again (`retry_s`)."""
     say = texts("attach", lang)
     points = list(series)
     if not points:
+        if note.startswith("absent"):
+            why = say["metrics_absent"].format(status=note.rpartition(" ")[2], s=f"{retry_s or 0:.0f}")
+            return empty(say["metrics_title"], why, UIREV_METRICS)
         return empty(say["metrics_title"], say["metrics_none"] if note else say["metrics_wait"], UIREV_METRICS)
     now = points[-1][0]
     data = []
@@ -95,22 +99,32 @@ def stream_html(run, lang: str) -> str:
     status = run.error and f'<p class="at-error">{html.escape(run.error)}</p>'
     if run.done and not run.error:
         usage = run.usage or {}
-        done = say["finished"].format(reason=run.finish_reason or "?", n=len(run.tokens),
-                                      prompt=usage.get("prompt_tokens", "?"),
-                                      completion=usage.get("completion_tokens", "?"))
+        if usage.get("prompt_tokens") is None and usage.get("completion_tokens") is None:
+            done = say["finished_no_usage"].format(reason=run.finish_reason or "?", n=len(run.tokens))
+        else:
+            done = say["finished"].format(reason=run.finish_reason or "?", n=len(run.tokens),
+                                          prompt=usage.get("prompt_tokens", "?"),
+                                          completion=usage.get("completion_tokens", "?"))
         status = f'<p class="at-note">{html.escape(done)}</p>'
     return f'<div class="at-stream">{chips}</div>{status or ""}'
 
 
-def tokens_html(tokens, why: str, server_count, lang: str) -> str:
+def tokens_html(tokens, why: str, server_count, lang: str, done: bool = False) -> str:
     """The prompt as the model reads it (app/attach_tokens.Tokens): through the model's own tokenizer and chat
-    template when it loads here, else the server's tokenize endpoint's tokens, each labelled by where it came from."""
+    template when it loads here, else the server's tokenize endpoint's tokens, each labelled by where it came from
+    (each chip carries its token id in data-id where known). `server_count`: the prompt tokens the server's usage
+    counted; None with `done` says the server sent none (llama-cpp-python's streams carry no usage)."""
     say = texts("attach", lang)
     if tokens is None or tokens.pieces is None:
         return f'<p class="at-note">{html.escape(say["no_tokenizer"].format(why=why))}</p>'
-    chips = "".join(f'<span class="at-tok">{html.escape(token_label(t))}</span>' for t in tokens.pieces)
+    ids = tokens.ids if tokens.ids is not None and len(tokens.ids) == len(tokens.pieces) else None
+    attrs = [f' data-id="{int(i)}"' for i in ids] if ids else [""] * len(tokens.pieces)
+    chips = "".join(f'<span class="at-tok"{a}>{html.escape(token_label(t))}</span>'
+                    for a, t in zip(attrs, tokens.pieces))
     key = {"model": "token_count", "server": "token_count_server", "server_raw": "token_count_raw"}[tokens.source]
-    count = say[key].format(n=len(tokens.pieces), server="?" if server_count is None else server_count, why=why)
+    if server_count is None and done:
+        key += "_no_usage"
+    count = say[key].format(n=len(tokens.pieces), server="…" if server_count is None else server_count, why=why)
     template = f'<pre class="at-template">{html.escape(tokens.text)}</pre>' if tokens.text is not None else ""
     return (f'<p class="at-note" data-source="{tokens.source}">{html.escape(count)}</p>{template}'
             f'<div class="at-tokens">{chips}</div>')
