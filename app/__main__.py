@@ -10,6 +10,7 @@ import errno
 import logging
 import os
 import sys
+from dataclasses import replace
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -42,12 +43,25 @@ def main(argv: list[str] | None = None) -> int:
                          "the page-building threads need a core, and a full OpenMP team slows down when they "
                          "take one)")
     ap.add_argument("--api-key", default=os.environ.get("INFERLAB_API_KEY") or None, metavar="KEY",
-                    help="the OpenAI-compatible API (/v1) and /metrics then require 'Authorization: Bearer KEY'; "
-                         "on a public deployment (a Space, or a --host other than loopback) they are off without "
-                         "one (default: $INFERLAB_API_KEY)")
+                    help="the OpenAI-compatible API (/v1, /tokenize, /detokenize) then requires 'Authorization: "
+                         "Bearer KEY'; on a public deployment (a Space, or a --host other than loopback) it is off "
+                         "without one (default: $INFERLAB_API_KEY). /health and /metrics stay open, as vLLM's do, "
+                         "unless --guard-metrics")
     ap.add_argument("--api", default=os.environ.get("INFERLAB_API", "auto"), choices=("auto", "on", "off"),
                     help="auto (default): the API is on when the lab listens on this machine only or a key is set; "
                          "on / off force it")
+    ap.add_argument("--guard-metrics", action="store_true",
+                    default=os.environ.get("INFERLAB_GUARD_METRICS", "") not in ("", "0"),
+                    help="/metrics and /health pass the same check as /v1 (the key; off where the API is off) "
+                         "instead of answering anyone (default: $INFERLAB_GUARD_METRICS=1)")
+    ap.add_argument("--metrics-prefix", default=os.environ.get("INFERLAB_METRICS_PREFIX", "both"),
+                    choices=("both", "vllm", "inferlab"),
+                    help="the names /metrics writes: vllm:NAME{model_name=...} as vLLM's dashboards read them, the "
+                         "lab's own inferlab:NAME, or both (default)")
+    ap.add_argument("--forwarded-allow-ips", default=os.environ.get("INFERLAB_FORWARDED_ALLOW_IPS"), metavar="IPS",
+                    help="proxies whose X-Forwarded-For header names the client (for the per-client request "
+                         "limit): a comma list of addresses or networks, or '*' for any peer. Default: '*' on a "
+                         "Hugging Face Space (only its proxy reaches the lab), else none (the header is ignored)")
     ap.add_argument("--attach", default="", metavar="URL",
                     help="attach mode: instead of running its own engine, the lab draws the panels an "
                          "OpenAI-compatible server at URL can feed (vLLM, SGLang, llama.cpp's server, another lab); "
@@ -60,6 +74,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--threads must be 0 (automatic) or positive (got {args.threads})")
     if not args.idle_minutes > 0:
         ap.error(f"--idle-minutes must be positive (got {args.idle_minutes})")
+    from .ops_api import parse_proxies
+
+    # a Hugging Face Space sets SPACE_ID and SPACE_HOST: the lab is public there whatever --host says, and every
+    # request reaches it through the Space's proxy
+    on_space = bool(os.environ.get("SPACE_ID") or os.environ.get("SPACE_HOST"))
+    forwarded = forwarded_allow_ips(args.forwarded_allow_ips, on_space)
+    try:
+        proxies = parse_proxies(forwarded)
+    except ValueError as exc:
+        ap.error(f"--forwarded-allow-ips: {exc}")
     problem = _port_problem(args.host, args.port)
     if problem:  # before the model loads: otherwise the load runs for a minute and then dies on the bind
         print(f"inferlab: cannot listen on {args.host}:{args.port}: {problem}", file=sys.stderr)
@@ -77,9 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     from .openai_api import decide, startup_line
     from .server import create_app
 
-    # a Hugging Face Space sets SPACE_ID and SPACE_HOST: the lab is public there whatever --host says
-    on_space = bool(os.environ.get("SPACE_ID") or os.environ.get("SPACE_HOST"))
-    api = decide(args.host, args.api_key, args.api, space=on_space)
+    api = replace(decide(args.host, args.api_key, args.api, space=on_space), guard_metrics=args.guard_metrics,
+                  metrics_prefix=args.metrics_prefix, proxies=proxies)
     compute.set_threads(args.threads or max(1, (os.cpu_count() or 2) - 1))
     # the engine's compute thread exists (engine.compute): the server's threads, all started from here on, run
     # at a lower priority and wait for the engine's turn on the GIL (app/engine_turn.py)
@@ -97,8 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Lecture mode: presenter token {app.state.hub.token}  ·  viewers open {url}/follow "
           f"(in Russian: {url}/follow?lang=ru)", flush=True)
     print(startup_line(api, url), flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", loop="app.engine_turn:loop_factory")
+    print(f"Operations: /health and /metrics {'as /v1 (--guard-metrics)' if api.guard_metrics else 'open to anyone'}"
+          f"; metric names: {args.metrics_prefix}; X-Forwarded-For read from: {forwarded or 'no proxy'}", flush=True)
+    # proxy_headers=False: uvicorn would otherwise take X-Forwarded-For from any loopback peer and rewrite the
+    # client's address before the lab could apply its own rule (app/ops_api.py client_address)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", loop="app.engine_turn:loop_factory",
+                proxy_headers=False)
     return 0
+
+
+def forwarded_allow_ips(flag: str | None, space: bool) -> str:
+    """--forwarded-allow-ips, else "*" on a Space (its proxy is the only way in, and every visitor arrives with
+    the proxy's address: without the header the per-client limit would be one limit for everyone), else none."""
+    if flag is not None:
+        return flag
+    return "*" if space else ""
 
 
 def attach(args) -> int:

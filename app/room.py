@@ -22,7 +22,7 @@ import logging
 import math
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -37,6 +37,7 @@ HISTORY = 600  # room records kept (a lecture's worth of steps)
 INBOX = 400  # events an owner may have waiting to be read (a Run whose page renders slower than the engine)
 FRAME_MIN_S, FRAME_PER_RUNNER_S, FRAME_MAX_S = 0.2, 0.025, 0.5  # a Run's frame pace (Room.frame_interval)
 PAGE_WAIT_S = 0.1  # the longest a page build waits for its turn (Room.page_turn)
+STEP_WALLS = 2048  # steps whose wall-clock start and end are kept (Room.step_wall): more than an owner's INBOX
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,11 @@ class Room:
         self.steps = 0
         self.tokens = 0
         self.batch_sizes: Counter = Counter()  # sequences per step -> steps
+        # tokens per step (prompt tokens prefilled + tokens sampled) -> steps: /metrics' iteration_tokens_total
+        self.step_tokens: Counter = Counter()
+        # step -> (time.monotonic() at its start, at its end): an API request's queue, prefill and decode times
+        # are read from when its steps really ran, not from when its thread got to read their events
+        self._walls: OrderedDict = OrderedDict()
         # where the loop's wall time goes (ms, cumulative): the engine's phases, and the rest of the loop
         # (waiting for grants, delivering events): what bench/room.py reads to say what limits a busy room
         self.time_ms: Counter = Counter()
@@ -278,6 +284,7 @@ class Room:
                 self._stepping = {o.label for o in granted}
             self.engine.capture_seq_ids = capture  # only what the granted owners view is instrumented
             self._pages_turn.clear()
+            started = time.monotonic()
             t0 = time.perf_counter()
             try:
                 event = self.engine.step(trace=True, owners=[o.label for o in granted])
@@ -289,7 +296,7 @@ class Room:
                 self._failed(granted, exc)
                 continue
             else:
-                self._deliver(granted, event, (time.perf_counter() - t0) * 1e3)
+                self._deliver(granted, event, (time.perf_counter() - t0) * 1e3, started)
             finally:
                 self._pages_turn.set()  # until the next step: its pages may be built now
 
@@ -308,10 +315,19 @@ class Room:
             self._stepping = set()
             self._cond.notify_all()
 
-    def _deliver(self, granted: list[Owner], event: StepEvent, call_ms: float) -> None:
+    def _deliver(self, granted: list[Owner], event: StepEvent, call_ms: float,
+                 started: float | None = None) -> None:
+        ended = time.monotonic()
         record = self._record(event)
         t = event.timing
         with self._cond:
+            # before the owners are woken: a request's thread reading this event finds its step's times
+            self._walls[event.step] = (ended if started is None else started, ended)
+            while len(self._walls) > STEP_WALLS:
+                self._walls.popitem(last=False)
+            if event.batch:
+                self.step_tokens[sum((b["num_processed"] if b["phase"] == "prefill" else 0) + b["num_emitted"]
+                                     for b in event.batch)] += 1
             for o in granted:
                 if o.grant != math.inf:
                     o.grant = max(0, o.grant - 1)  # a Pause during the step already ended the grant
@@ -385,6 +401,20 @@ class Room:
             else:
                 out.append(owners.pop() if len(owners) == 1 else "shared")
         return out
+
+    def step_wall(self, step: int) -> tuple[float, float] | None:
+        """(start, end) of a recent step on time.monotonic()'s clock; None once it is STEP_WALLS steps old."""
+        with self._cond:
+            return self._walls.get(step)
+
+    def step_token_counts(self) -> dict[int, int]:
+        """Tokens per step (prompt tokens prefilled + tokens sampled) -> how many steps had that many."""
+        with self._cond:
+            return dict(self.step_tokens)
+
+    def alive(self) -> bool:
+        """The engine loop still runs (what /health reports)."""
+        return self._thread.is_alive() and not self._closed
 
     def stats(self) -> dict:
         with self._cond:
