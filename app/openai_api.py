@@ -14,7 +14,6 @@ import asyncio
 import hmac
 import json
 import logging
-import secrets
 import threading
 import time
 from collections import Counter
@@ -26,9 +25,11 @@ from fastapi.responses import StreamingResponse
 
 from engine.tokenizer import token_bytes
 
-from .metrics_api import ApiMetrics, render
+from .metrics_api import ApiMetrics
+from .openai_reply import Reply
 from .openai_run import RoomRun
 from .openai_schema import ApiError, ApiLimits, Job, parse_chat, parse_completion, parse_tokenize, tokenize
+from .ops_api import Proxies, client_address, mount_ops
 
 log = logging.getLogger("inferlab")
 
@@ -46,6 +47,10 @@ class ApiSettings:
     # a follower page's one request of a room load (app/room_load.py) may come with its one-time ticket instead
     # of the key, even where the API is off by default: the presenter's token started the round. Not with --api off.
     room_load: bool = True
+    # /metrics and /health answer anyone, as vLLM's do, unless guarded like /v1 (--guard-metrics; app/ops_api.py)
+    guard_metrics: bool = False
+    metrics_prefix: str = "both"  # --metrics-prefix: "both", "vllm" or "inferlab" (app/metrics_api.py)
+    proxies: Proxies = field(default_factory=Proxies)  # whose X-Forwarded-For names the client (app/ops_api.py)
 
 
 def decide(host: str, api_key: str | None, mode: str = "auto", space: bool = False) -> ApiSettings:
@@ -106,7 +111,7 @@ def served_name(model_id: str) -> str:
 def mount(app, registry, holder, settings: ApiSettings, room_load=None):
     """Declare the routes on `app` (before Gradio's catch-all mount). Returns the ApiMetrics it counts into.
     `room_load`: the lecture's RoomLoad, whose one-time tickets stand in for the key (one request each)."""
-    from fastapi.responses import JSONResponse, PlainTextResponse
+    from fastapi.responses import JSONResponse
 
     limits = settings.limits
     metrics = ApiMetrics()
@@ -154,14 +159,9 @@ def mount(app, registry, holder, settings: ApiSettings, room_load=None):
         return {"object": "list", "data": [{"id": served_name(holder.model_id), "object": "model",
                                             "created": int(app.state.started), "owned_by": "inferlab"}]}
 
-    @app.get("/metrics")
-    async def prometheus(request: Request):
-        try:
-            check_access(request)
-        except ApiError as exc:
-            return error(exc)
-        text = await asyncio.to_thread(_render, registry.room if holder.ready else None, metrics)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+    # /health, /metrics, /detokenize and GET /v1/models/{id}, vLLM's operations surface (app/ops_api.py)
+    mount_ops(app, registry=registry, holder=holder, settings=settings, metrics=metrics, check_access=check_access,
+              ready=ready, names=names, served_name=served_name, error=error, read_json=_read_json)
 
     async def serve(request: Request, kind: str):
         try:
@@ -177,7 +177,7 @@ def mount(app, registry, holder, settings: ApiSettings, room_load=None):
                 _redeem(room_load, ticket, job)
                 client = None
             else:
-                client = _client(request)
+                client = _client(request, settings.proxies)
                 admission.acquire(client)  # before the tokenizer's work: a client past its limit costs nothing more
         except ApiError as exc:
             return error(exc)
@@ -205,11 +205,11 @@ def mount(app, registry, holder, settings: ApiSettings, room_load=None):
         except BaseException:
             done()
             raise
-        reply = Reply(job, served_name(holder.model_id))
+        reply = Reply(job, served_name(holder.model_id), run)
         # the request's label in the room view ("api 3"): a client can find its own sequences there
         owner = {OWNER_HEADER: run.owner}
         if job.stream:
-            return _RunStream(reply.events(run), done, media_type="text/event-stream",
+            return _RunStream(reply.events(), done, media_type="text/event-stream",
                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **owner})
         try:
             answer = await _collect(request, run, reply, error)
@@ -295,16 +295,6 @@ def _redeem(room_load, ticket: str, job: Job) -> None:
         raise ApiError(str(exc), None, "room_load_ticket", 403, "permission_error") from None
 
 
-def _render(room, metrics: ApiMetrics) -> str:
-    for attempt in range(3):
-        try:
-            return render(room, metrics)
-        except (KeyError, RuntimeError):  # the engine changed a sequence while kv_stats read it: read again
-            if attempt == 2:
-                raise
-    return ""
-
-
 def _tokenize(job: Job, engine, limits: ApiLimits) -> Job:
     try:
         return tokenize(job, engine, limits)
@@ -324,8 +314,9 @@ def _once(fn):
     return call
 
 
-def _client(request) -> str:
-    return request.client.host if request.client else "?"
+def _client(request, proxies: Proxies | None = None) -> str:
+    peer = request.client.host if request.client else "?"
+    return client_address(request.headers.getlist("x-forwarded-for"), peer, proxies or Proxies())
 
 
 async def _read_json(request, cap: int):
@@ -343,7 +334,7 @@ async def _read_json(request, cap: int):
         raise ApiError("the request body is not valid JSON", None, "invalid_json") from None
 
 
-async def _collect(request, run: RoomRun, reply: "Reply", error):
+async def _collect(request, run: RoomRun, reply: Reply, error):
     """A non-streaming answer: every delta gathered; a client that leaves meanwhile ends the run (checked every
     DISCONNECT_POLL_S, whether tokens are arriving or not)."""
     checked = time.monotonic()
@@ -355,7 +346,7 @@ async def _collect(request, run: RoomRun, reply: "Reply", error):
         except ApiError as exc:
             return error(exc)
         if deltas is None:
-            return reply.whole(run)
+            return reply.whole()
         reply.add(deltas)
         if time.monotonic() - checked >= DISCONNECT_POLL_S:
             checked = time.monotonic()
@@ -363,96 +354,3 @@ async def _collect(request, run: RoomRun, reply: "Reply", error):
                 log.info("api client left before its answer; %s released", run.owner)
                 return error(ApiError("the client closed the connection", None, "client_closed", 499))
 
-
-class Reply:
-    """The answer's JSON, whole (`whole`) or as server-sent events (`events`), in OpenAI's shapes."""
-
-    def __init__(self, job: Job, model: str):
-        self.job, self.model = job, model
-        self.chat = job.kind == "chat"
-        self.id = ("chatcmpl-" if self.chat else "cmpl-") + secrets.token_hex(12)
-        self.created = int(time.time())
-        count = len(job.prompts) * job.n
-        self.text = [""] * count
-        self.tokens = [[] for _ in range(count)]  # (TokenInfo, top alternatives) per token, with logprobs
-        self.finish = [None] * count
-
-    def add(self, deltas) -> None:
-        for d in deltas:
-            self.text[d.index] += d.text
-            if d.token is not None:
-                self.tokens[d.index].append((d.token, d.top))
-            if d.finish_reason:
-                self.finish[d.index] = d.finish_reason
-
-    def usage(self, run: RoomRun) -> dict:
-        done = sum(run.tokens)
-        return {"prompt_tokens": run.prompt_tokens, "completion_tokens": done,
-                "total_tokens": run.prompt_tokens + done}
-
-    def whole(self, run: RoomRun) -> dict:
-        choices = []
-        for i, text in enumerate(self.text):
-            lp = self._logprobs(self.tokens[i], 0) if self.job.logprobs is not None else None
-            if self.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                                "finish_reason": self.finish[i]})
-            else:
-                choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": self.finish[i]})
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices, "usage": self.usage(run)}
-
-    def _logprobs(self, tokens, offset: int) -> dict:
-        if self.chat:
-            return {"content": [dict(_entry(t), top_logprobs=[_entry(x) for x in top]) for t, top in tokens]}
-        offsets = []
-        for t, _ in tokens:
-            offsets.append(offset)
-            offset += len(t.text)
-        return {"tokens": [t.text for t, _ in tokens], "token_logprobs": [t.logprob for t, _ in tokens],
-                "top_logprobs": [{x.text: x.logprob for x in (*top, t)} for t, top in tokens],
-                "text_offset": offsets}
-
-    def _chunk(self, choices: list[dict], usage=None) -> str:
-        data = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices}
-        if self.job.include_usage:
-            data["usage"] = usage
-        return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-    def _delta_choice(self, d) -> dict:
-        lp = None
-        if self.job.logprobs is not None and d.token is not None:
-            lp = self._logprobs([(d.token, d.top)], len(self.text[d.index]) - len(d.text))
-        if self.chat:
-            delta = {"content": d.text} if d.text or not d.finish_reason else {}
-            return {"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason}
-        return {"index": d.index, "text": d.text, "logprobs": lp, "finish_reason": d.finish_reason}
-
-    async def events(self, run: RoomRun):
-        """Server-sent events: (chat) each choice's role first, then a chunk per token that released text,
-        carries logprobs or ends its choice; the usage chunk when asked for; "[DONE]". An engine failure ends
-        the stream with an error object, as OpenAI's own streams do."""
-        if self.chat:
-            for i in range(len(self.text)):
-                yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                    "finish_reason": None}])
-        while True:
-            try:
-                deltas = await run.next()
-            except ApiError as exc:
-                yield f"data: {json.dumps(exc.body())}\n\n"
-                break
-            if deltas is None:
-                break
-            self.add(deltas)
-            for d in deltas:  # one choice per chunk, as OpenAI's own streams send them
-                if d.text or d.finish_reason or self.job.logprobs is not None:
-                    yield self._chunk([self._delta_choice(d)])
-        if self.job.include_usage:
-            yield self._chunk([], self.usage(run))
-        yield "data: [DONE]\n\n"
-
-
-def _entry(t) -> dict:
-    return {"token": t.text, "logprob": t.logprob, "bytes": t.bytes}

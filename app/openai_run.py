@@ -18,16 +18,15 @@ import threading
 import time
 from dataclasses import dataclass
 
-from engine.sampling import STAGE_NAMES
 from engine.tokenizer import token_bytes
 
 from .i18n import Refusal
+from .metrics_api import RequestClock
 from .openai_schema import FINISH, ApiError, Job
 
 log = logging.getLogger("inferlab")
 
 WAIT_S = 1.0  # the pump's longest wait on the room before it checks whether the run was closed
-STAGE_PENALTIES = STAGE_NAMES.index("penalties")
 ROOM_FULL = {"cap_room"}  # refusals that say "busy, try later" (429), not "this request is wrong" (400)
 
 
@@ -63,6 +62,8 @@ class Delta:
     token: TokenInfo | None  # with its log-probability when the job asked for logprobs
     top: tuple[TokenInfo, ...]  # the most probable alternatives (job.logprobs of them)
     finish_reason: str | None
+    token_id: int = -1  # the sampled token (vLLM's return_token_ids)
+    prompt: tuple = ()  # the prompt positions' log-probabilities that arrived with it (PromptLogprob records)
 
 
 class RoomRun:
@@ -73,8 +74,10 @@ class RoomRun:
         self.owner: str | None = None
         self.choice_of: dict[int, int] = {}  # seq id -> choice index
         self.arrival = time.monotonic()
+        self.clock = RequestClock(self.arrival)  # its queue, prefill and decode times, for /metrics
         self.tokens = [0] * (len(job.prompts) * job.n)
         self.finish: dict[int, str] = {}  # choice index -> finish reason
+        self._prompt_lp: dict[int, list] = {}  # choice index -> prompt log-probabilities not yet handed on
         self._last: dict[int, float] = {}  # choice index -> when its last token came
         self._closed = threading.Event()
         self._queue: asyncio.Queue | None = None
@@ -124,7 +127,7 @@ class RoomRun:
         if self.owner is None:
             return
         if len(self.finish) < len(self.tokens):
-            self.metrics.request_finished("abort", sum(self.tokens), time.monotonic() - self.arrival)
+            self.metrics.request_finished("abort", sum(self.tokens), time.monotonic() - self.arrival, self)
         threading.Thread(target=self.room.leave, args=(self.owner,), daemon=True, name="api-leave").start()
 
     async def next(self, timeout: float | None = None) -> list[Delta] | None:
@@ -151,7 +154,8 @@ class RoomRun:
                     raise ApiError("the engine stopped this request before it finished", code="aborted",
                                    status=500, kind="server_error")
             if len(self.finish) == len(self.tokens):
-                self.metrics.request_finished(self._reason(), sum(self.tokens), time.monotonic() - self.arrival)
+                self.metrics.request_finished(self._reason(), sum(self.tokens), time.monotonic() - self.arrival,
+                                              self)
         except ApiError as exc:
             self._put(exc)
         except Exception as exc:  # noqa: BLE001 - a failed step (StepFailed) or a room that was left
@@ -169,9 +173,14 @@ class RoomRun:
         out = []
         now = time.monotonic()
         for event in events:
+            self.clock.saw(event, self.room)
             for ev in event.seqs:
                 index = self.choice_of.get(ev.seq_id)
-                if index is None or ev.new_token is None:
+                if index is None:
+                    continue
+                if ev.prompt_logprobs:  # a prefill chunk's prompt positions: handed on with the first token
+                    self._prompt_lp.setdefault(index, []).extend(ev.prompt_logprobs)
+                if ev.new_token is None:
                     continue  # a prefill chunk that sampled nothing
                 self._time(index, now)
                 self.tokens[index] += 1
@@ -179,7 +188,8 @@ class RoomRun:
                 if reason is not None:
                     self.finish[index] = reason
                 token, top = self._logprobs(ev) if self.job.logprobs is not None else (None, ())
-                out.append(Delta(index, ev.emitted, token, top, reason))
+                out.append(Delta(index, ev.emitted, token, top, reason, ev.new_token,
+                                 tuple(self._prompt_lp.pop(index, ()))))
         return out
 
     def _time(self, index: int, now: float) -> None:
@@ -199,13 +209,16 @@ class RoomRun:
         trace = ev.sampling
         if trace is None:
             return None, ()
-        stage = trace.stages[STAGE_PENALTIES if trace.greedy else -1]
+        # by name: a constrained or biased chain records its grammar and bias stages before the penalties
+        stage = next(s for s in trace.stages if s.name == "penalties") if trace.greedy else trace.stages[-1]
         probs = dict(zip(trace.token_ids, stage.probs))
         kept = sorted(((p, t) for t, p in probs.items() if p > 0), key=lambda x: -x[0])
         top = tuple(self._info(t, p) for p, t in kept[: self.job.logprobs])
         return self._info(ev.new_token, probs.get(ev.new_token, trace.chosen_prob)), top
 
     def _info(self, token_id: int, prob: float) -> TokenInfo:
+        return self.info(token_id, math.log(prob) if prob > 0 else -9999.0)
+
+    def info(self, token_id: int, logprob: float | None) -> TokenInfo:
         data = token_bytes(self.engine.tokenizer, token_id)
-        return TokenInfo(token_id, data.decode("utf-8", errors="replace"), list(data),
-                         math.log(prob) if prob > 0 else -9999.0)
+        return TokenInfo(token_id, data.decode("utf-8", errors="replace"), list(data), logprob)

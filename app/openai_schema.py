@@ -4,17 +4,24 @@
 `body()` is OpenAI's error object); `tokenize` then turns the job's prompts into token ids with the engine's
 own tokenizer and chat template. Nothing here touches the engine's state.
 
-Fields follow OpenAI's API (names, types, ranges), plus the sampling fields vLLM and SGLang added (`top_k`,
-`min_p`, `repetition_penalty`). A field we do not know, or know but do not implement with a value that would
-change the answer (`tools`, `logit_bias`, `echo`, ...), is refused by name: a client must not be silently
-given something other than what it asked for.
+Fields follow OpenAI's API (names, types, ranges), plus vLLM's extras: its sampling fields (`top_k`, `min_p`,
+`repetition_penalty`, `ignore_eos`, `min_tokens`, `stop_token_ids`, `allowed_token_ids`, `bad_words`, ...), its
+output fields (`prompt_logprobs`, `return_token_ids`, `echo`), its chat-template controls and its structured
+outputs. Structured outputs, OpenAI's `response_format` (json_schema, json_object) and vLLM's
+`structured_outputs` / `guided_*`, become one engine `Grammar` (engine/grammar.py), capped as the lab's grammar
+box is. A field we do not know, or know but do not implement with a value that would change the answer
+(`tools`, `best_of` > n, ...), is refused by name: a client must not be silently given something other than what
+it asked for.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
 
-from engine import MAX_STOP_CHARS, MAX_STOP_STRINGS, SamplingParams
+import json
+
+from engine import MAX_STOP_CHARS, MAX_STOP_STRINGS, Grammar, SamplingParams
+from engine.sampling import (MAX_BAD_WORDS, MAX_LOGIT_BIAS, MAX_PROMPT_LOGPROBS, MAX_STOP_TOKEN_IDS)
 
 from .session import MAX_PROMPT_CHARS
 
@@ -34,6 +41,8 @@ class ApiLimits:
     max_top_logprobs: int = 20
     max_concurrent_per_client: int = 8
     max_concurrent: int = 32
+    # prompt_logprobs (and echo with logprobs) run the LM head over every prompt position: a shorter prompt cap
+    max_prompt_logprobs_tokens: int = 1024
 
 
 class ApiError(Exception):
@@ -49,12 +58,22 @@ class ApiError(Exception):
 
 
 @dataclass(frozen=True)
+class Template:
+    """How a chat's messages become its prompt: the chat template's own switches (vLLM's names)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    kwargs: tuple[tuple[str, object], ...] = ()  # chat_template_kwargs, as (name, JSON scalar) pairs
+
+
+@dataclass(frozen=True)
 class Prompt:
     """One prompt: a completion's text or token ids, or a chat's messages; `token_ids` filled by `tokenize`."""
 
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
     messages: tuple[dict, ...] | None = None
+    template: Template = Template()
 
 
 @dataclass(frozen=True)
@@ -69,6 +88,10 @@ class Job:
     include_usage: bool
     logprobs: int | None  # None: no logprobs; else how many alternatives per token (chat: top_logprobs)
     choice_params: tuple[SamplingParams, ...] = field(default=())
+    echo: bool = False  # completions: the prompt's text (and, with logprobs, its tokens) before the answer
+    return_token_ids: bool = False  # vLLM: prompt_token_ids and each choice's token_ids in the answer
+    prompt_logprobs: int | None = None  # vLLM: every prompt token's logprob and this many alternatives
+    truncate_prompt_tokens: int | None = None  # vLLM: keep only the prompt's last k tokens (-1: the context)
 
     def choices(self) -> list[tuple[int, int, SamplingParams]]:
         """(choice index, prompt index, params) for every sequence the job runs; OpenAI numbers the choices
@@ -91,25 +114,41 @@ def _wrap_seed(seed: int) -> int:
     return seed if seed <= SEED_MAX else SEED_MIN + (seed - SEED_MAX - 1)
 
 
-# Fields every endpoint takes; then each endpoint's own. "user" is metadata that changes nothing.
+# Fields every endpoint takes; then each endpoint's own. "user" and "metadata" are labels that change nothing.
+# The vLLM extras are honoured exactly (engine/sampling.py implements them); spaces_between_special_tokens only
+# matters for slow tokenizers, and vLLM's fast-tokenizer path (ours: tokenizers' fast BPE) ignores it as well.
+VLLM_SAMPLING = {"ignore_eos", "min_tokens", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+                 "spaces_between_special_tokens", "allowed_token_ids", "bad_words", "prompt_logprobs",
+                 "truncate_prompt_tokens", "return_token_ids", "logit_bias"}
+STRUCTURED = {"response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+              "guided_grammar", "guided_decoding_backend"}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "presence_penalty",
-          "frequency_penalty", "repetition_penalty", "stream", "stream_options", "user"}
-CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}
-COMPLETION_FIELDS = COMMON | {"prompt", "logprobs"}
+          "frequency_penalty", "repetition_penalty", "stream", "stream_options", "user", "metadata", "best_of",
+          *VLLM_SAMPLING, *STRUCTURED}
+CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "add_generation_prompt",
+                        "continue_final_message", "chat_template_kwargs", "parallel_tool_calls"}
+COMPLETION_FIELDS = COMMON | {"prompt", "logprobs", "echo"}
 # OpenAI fields we know but do not implement: accepted only with the value that changes nothing.
-NEUTRAL = {"logit_bias": ({}, None), "response_format": ({"type": "text"}, None), "tools": ([], None),
-           "tool_choice": ("none", None), "parallel_tool_calls": (None,), "functions": ([], None),
-           "function_call": ("none", None), "echo": (False, None), "suffix": ("", None), "best_of": (1, None),
-           "store": (False, None), "metadata": (None,), "service_tier": (None, "auto", "default"),
-           "modalities": (["text"], None)}
+NEUTRAL = {"tools": ([], None), "tool_choice": ("none", None), "functions": ([], None),
+           "function_call": ("none", None), "suffix": ("", None), "store": (False, None),
+           "service_tier": (None, "auto", "default"), "modalities": (["text"], None), "echo": (False, None)}
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}
+FINISH = {"eos": "stop", "stop": "stop", "grammar": "stop", "length": "length", "abort": "abort"}
+MAX_METADATA = 16  # OpenAI's limits on metadata: 16 pairs, keys of 64 characters, values of 512
+MAX_TEMPLATE_KWARGS = 16
+# apply_chat_template's own parameters: chat_template_kwargs may not set them (vLLM keeps them apart as well)
+TEMPLATE_RESERVED = {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+                     "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+                     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
 
 
 def parse_chat(body, limits: ApiLimits, vocab_size: int) -> Job:
     body = _object(body)
     _known(body, CHAT_FIELDS)
+    if body.get("parallel_tool_calls") is not None:
+        _bool(body, "parallel_tool_calls", True)  # without tools (refused above unless empty) it changes nothing
     messages = _messages(body.get("messages"), limits)
+    template = _template(body, messages)
     logprobs = _bool(body, "logprobs", False)
     top = _int(body, "top_logprobs", 0, limits.max_top_logprobs, None)
     if top is not None and not logprobs:
@@ -117,7 +156,7 @@ def parse_chat(body, limits: ApiLimits, vocab_size: int) -> Job:
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         raise ApiError("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return _job("chat", body, (Prompt(messages=messages),), limits, vocab_size, key,
+    return _job("chat", body, (Prompt(messages=messages, template=template),), limits, vocab_size, key,
                 limits.default_chat_tokens, (top or 0) if logprobs else None)
 
 
@@ -126,8 +165,14 @@ def parse_completion(body, limits: ApiLimits, vocab_size: int) -> Job:
     _known(body, COMPLETION_FIELDS)
     prompts = _prompts(body.get("prompt"), limits, vocab_size)
     logprobs = _int(body, "logprobs", 0, limits.max_top_logprobs, None)
-    return _job("completion", body, prompts, limits, vocab_size, "max_tokens", limits.default_completion_tokens,
-                logprobs)
+    job = _job("completion", body, prompts, limits, vocab_size, "max_tokens", limits.default_completion_tokens,
+               logprobs)
+    echo = _bool(body, "echo", False)
+    if echo and logprobs is not None:
+        # OpenAI's echo with logprobs lists the prompt's tokens too: the engine computes the prompt's logprobs
+        k = max(logprobs, job.params.prompt_logprobs or 0)
+        job = replace(job, params=replace(job.params, prompt_logprobs=k))
+    return replace(job, echo=echo)
 
 
 def _job(kind, body, prompts, limits, vocab_size, tokens_key, default_tokens, logprobs) -> Job:
@@ -141,6 +186,17 @@ def _job(kind, body, prompts, limits, vocab_size, tokens_key, default_tokens, lo
     stream = _bool(body, "stream", False)
     include_usage = _stream_options(body, stream)
     top_k = _int(body, "top_k", -1, vocab_size, 0)
+    best_of = _int(body, "best_of", 1, limits.max_choices, None)
+    if best_of is not None and best_of != n:
+        # best_of > n would rank answers by likelihood and return the best: not implemented, so refused by name
+        raise ApiError(f"best_of is supported only equal to n ({n}); got {best_of}", "best_of",
+                       "unsupported_parameter")
+    _metadata(body.get("metadata"))
+    max_tokens_value = max_tokens or default_tokens
+    prompt_logprobs = _int(body, "prompt_logprobs", 0, MAX_PROMPT_LOGPROBS, None)
+    truncate = body.get("truncate_prompt_tokens")
+    if truncate is not None and not (type(truncate) is int and truncate == -1):  # -1: as much as the context holds
+        truncate = _int(body, "truncate_prompt_tokens", 1, limits.max_prompt_tokens, None)
     params = SamplingParams(
         max_tokens=max_tokens or default_tokens,
         temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
@@ -151,9 +207,22 @@ def _job(kind, body, prompts, limits, vocab_size, tokens_key, default_tokens, lo
         frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0),
         repetition_penalty=_number(body, "repetition_penalty", 0.0, 10.0, 1.0, low_open=True),
         seed=_int(body, "seed", SEED_MIN, SEED_MAX, None),
-        stop=_stop(body.get("stop")))
+        stop=_stop(body.get("stop")),
+        ignore_eos=_bool(body, "ignore_eos", False),
+        min_tokens=_int(body, "min_tokens", 0, max_tokens_value, 0),
+        stop_token_ids=_token_ids(body, "stop_token_ids", vocab_size, MAX_STOP_TOKEN_IDS) or (),
+        include_stop_str_in_output=_bool(body, "include_stop_str_in_output", False),
+        skip_special_tokens=_bool(body, "skip_special_tokens", True),
+        logit_bias=_logit_bias(body.get("logit_bias"), vocab_size),
+        allowed_token_ids=_token_ids(body, "allowed_token_ids", vocab_size, vocab_size, empty_ok=False),
+        bad_words=_bad_words(body.get("bad_words")),
+        prompt_logprobs=prompt_logprobs,
+        grammar=_structured(body))
+    _bool(body, "spaces_between_special_tokens", True)  # checked; see VLLM_SAMPLING
     return Job(kind=kind, model=model, prompts=prompts, n=n, params=params, max_tokens_given=max_tokens is not None,
-               stream=stream, include_usage=include_usage, logprobs=logprobs)
+               stream=stream, include_usage=include_usage, logprobs=logprobs,
+               return_token_ids=_bool(body, "return_token_ids", False), prompt_logprobs=prompt_logprobs,
+               truncate_prompt_tokens=truncate)
 
 
 # POST /tokenize, in vLLM's shape (a small extension of the API: attach mode reads it when a server's tokenizer
@@ -187,7 +256,7 @@ def tokenize(job: Job, engine, limits: ApiLimits) -> Job:
     prompts, params = [], []
     for i, p in enumerate(job.prompts):
         if p.messages is not None:
-            text = tok.apply_chat_template(list(p.messages), tokenize=False, add_generation_prompt=True)
+            text = render_chat(tok, p.messages, p.template)
             ids = tuple(tok(text, add_special_tokens=False)["input_ids"])
         elif p.text is not None:
             text = p.text
@@ -197,6 +266,18 @@ def tokenize(job: Job, engine, limits: ApiLimits) -> Job:
         param = "messages" if p.messages is not None else "prompt"
         if not ids:
             raise ApiError("the prompt is empty after tokenizing", param)
+        if job.truncate_prompt_tokens is not None:  # vLLM keeps the prompt's end (-1: as much as the context holds)
+            keep = context - 1 if job.truncate_prompt_tokens == -1 else job.truncate_prompt_tokens
+            if keep > context - 1:
+                raise ApiError(f"truncate_prompt_tokens ({keep}) must be below the model's context of {context}",
+                               "truncate_prompt_tokens", "invalid_value")
+            if len(ids) > keep:
+                ids = ids[-keep:]
+                text = ""  # the text no longer matches the ids: the engine and echo show the ids' own text
+        if job.params.prompt_logprobs is not None and len(ids) > limits.max_prompt_logprobs_tokens:
+            raise ApiError(f"prompt_logprobs runs the LM head over every prompt token: the prompt is {len(ids)} "
+                           f"tokens, this server takes at most {limits.max_prompt_logprobs_tokens} for it",
+                           "prompt_logprobs", "context_length_exceeded")
         limit = min(limits.max_prompt_tokens, context - 1)
         if len(ids) > limit:
             raise ApiError(f"the prompt is {len(ids)} tokens; this server takes at most {limit}", param,
@@ -207,8 +288,21 @@ def tokenize(job: Job, engine, limits: ApiLimits) -> Job:
                            f"max_tokens asks for {job.params.max_tokens} more", "max_tokens",
                            "context_length_exceeded")
         prompts.append(replace(p, text=text, token_ids=ids))
-        params.append(replace(job.params, max_tokens=min(job.params.max_tokens, room)))
+        max_tokens = min(job.params.max_tokens, room)
+        params.append(replace(job.params, max_tokens=max_tokens, min_tokens=min(job.params.min_tokens, max_tokens)))
     return replace(job, prompts=tuple(prompts), choice_params=tuple(params))
+
+
+def render_chat(tok, messages, template: Template) -> str:
+    """The chat's prompt text through the model's own chat template, with the request's template switches."""
+    try:
+        return tok.apply_chat_template(list(messages), tokenize=False,
+                                       add_generation_prompt=template.add_generation_prompt,
+                                       continue_final_message=template.continue_final_message,
+                                       **dict(template.kwargs))
+    except Exception as exc:  # noqa: BLE001 - a template's own raise_exception() or a jinja error: the request's fault
+        raise ApiError(f"the model's chat template refused these messages: {str(exc)[:300]}", "messages",
+                       "invalid_value") from None
 
 
 # ---- fields -----------------------------------------------------------------------------------------------
@@ -351,6 +445,182 @@ def _content(c, where: str, budget: list[int]) -> str:
             parts.append(_text(part.get("text"), f"{where}.content", budget))
         return "".join(parts)
     raise ApiError(f"{where}.content must be a string or a list of text parts", where, "invalid_type")
+
+
+def _template(body: dict, messages: tuple[dict, ...]) -> Template:
+    generation = _bool(body, "add_generation_prompt", True)
+    continue_final = _bool(body, "continue_final_message", False)
+    if generation and continue_final:
+        raise ApiError("continue_final_message needs add_generation_prompt: false (the answer continues the last "
+                       "message instead of starting a new one)", "continue_final_message", "invalid_value")
+    if continue_final and messages[-1]["role"] != "assistant":
+        raise ApiError("continue_final_message continues the last message, which must be the assistant's",
+                       "continue_final_message", "invalid_value")
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return Template(generation, continue_final)
+    if not isinstance(kwargs, dict):
+        raise ApiError("chat_template_kwargs must be an object", "chat_template_kwargs", "invalid_type")
+    if len(kwargs) > MAX_TEMPLATE_KWARGS:
+        raise ApiError(f"chat_template_kwargs takes at most {MAX_TEMPLATE_KWARGS} entries", "chat_template_kwargs",
+                       "invalid_value")
+    pairs = []
+    for k, v in kwargs.items():
+        if not k.isidentifier() or len(k) > 64 or k.startswith("_"):
+            raise ApiError(f"chat_template_kwargs: {k[:64]!r} is not a template variable name",
+                           "chat_template_kwargs", "invalid_value")
+        if k in TEMPLATE_RESERVED:
+            raise ApiError(f"chat_template_kwargs may not set {k!r} (a field of its own, or not the template's)",
+                           "chat_template_kwargs", "invalid_value")
+        # scalars only: a template reads flags like enable_thinking; nested values would be a way to smuggle size
+        if not (v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 256)):
+            raise ApiError(f"chat_template_kwargs.{k} must be a number, a bool, null or a string of at most 256 "
+                           "characters", "chat_template_kwargs", "invalid_value")
+        pairs.append((k, v))
+    return Template(generation, continue_final, tuple(pairs))
+
+
+def _metadata(v) -> None:
+    """OpenAI's metadata (labels for the caller's own bookkeeping): checked to its documented limits, unused."""
+    if v is None:
+        return
+    if not isinstance(v, dict) or len(v) > MAX_METADATA or not all(
+            isinstance(k, str) and isinstance(x, str) and len(k) <= 64 and len(x) <= 512 for k, x in v.items()):
+        raise ApiError(f"metadata must be an object of at most {MAX_METADATA} string pairs (keys up to 64 "
+                       "characters, values up to 512)", "metadata", "invalid_value")
+
+
+def _token_ids(body: dict, name: str, vocab_size: int, cap: int, empty_ok: bool = True) -> tuple[int, ...] | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise ApiError(f"{name} must be a list of token ids", name, "invalid_type")
+    if len(v) > cap or (not v and not empty_ok):
+        raise ApiError(f"{name} must hold {0 if empty_ok else 1} to {cap} token ids", name, "invalid_value")
+    if any(not 0 <= x < vocab_size for x in v):
+        raise ApiError(f"{name}: token ids must be in [0, {vocab_size})", name, "invalid_value")
+    return tuple(v)
+
+
+def _logit_bias(v, vocab_size: int) -> dict[int, float]:
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} (JSON keys are strings)."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ApiError("logit_bias must be an object of token id -> bias", "logit_bias", "invalid_type")
+    if len(v) > MAX_LOGIT_BIAS:
+        raise ApiError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens", "logit_bias", "invalid_value")
+    out = {}
+    for k, b in v.items():
+        if not (isinstance(k, str) and k.isdigit() and len(k) < 10 and int(k) < vocab_size):
+            raise ApiError(f"logit_bias: {str(k)[:20]!r} is not a token id in [0, {vocab_size})", "logit_bias",
+                           "invalid_value")
+        if not _is_number(b) or not -100 <= b <= 100:
+            raise ApiError("logit_bias: each bias must be a number in [-100, 100]", "logit_bias", "invalid_value")
+        out[int(k)] = float(b)
+    return out
+
+
+def _bad_words(v) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(w, str) and w.strip() and len(w) <= 256 for w in v) \
+            or len(v) > MAX_BAD_WORDS:
+        raise ApiError(f"bad_words must be a list of at most {MAX_BAD_WORDS} non-blank strings of up to 256 "
+                       "characters", "bad_words", "invalid_value")
+    return tuple(_unicode(w, "bad_words") for w in v)
+
+
+# structured outputs: vLLM's structured_outputs keys (and the older guided_* fields) -> Grammar constructors
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+STRUCTURED_KEYS = {"json", "regex", "choice", "grammar", "json_object"}
+# keys that only pick an implementation or a fallback: the constraint itself is the same, so they change nothing
+STRUCTURED_NEUTRAL = {"backend", "disable_fallback", "disable_any_whitespace"}
+ANY_JSON_OBJECT = {"type": "object"}  # OpenAI's json_object mode: "the message is a valid JSON object"
+
+
+def _structured(body: dict) -> Grammar | None:
+    """One Grammar from whichever structured-output field the request uses (at most one may be given)."""
+    given = []
+    rf = body.get("response_format")
+    if rf is not None and rf != {"type": "text"}:
+        given.append(("response_format", _response_format(rf)))
+    so = body.get("structured_outputs")
+    if so is not None:
+        given.append(("structured_outputs", _structured_outputs(so, "structured_outputs")))
+    for field_name, key in GUIDED.items():
+        if body.get(field_name) is not None:
+            given.append((field_name, _grammar(key, body[field_name], field_name)))
+    backend = body.get("guided_decoding_backend")
+    if backend is not None and (not isinstance(backend, str) or len(backend) > 64):
+        raise ApiError("guided_decoding_backend must be a backend's name", "guided_decoding_backend", "invalid_type")
+    if len(given) > 1:
+        raise ApiError(f"give one structured-output constraint, not {len(given)} ({', '.join(n for n, _ in given)})",
+                       given[1][0], "invalid_value")
+    return given[0][1] if given else None
+
+
+def _response_format(rf) -> Grammar:
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise ApiError("response_format must be an object with a type", "response_format", "invalid_type")
+    kind = rf["type"]
+    if kind == "json_object" and set(rf) == {"type"}:
+        return _grammar("json", ANY_JSON_OBJECT, "response_format")
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        if not isinstance(spec, dict) or set(rf) != {"type", "json_schema"}:
+            raise ApiError("response_format json_schema needs {\"type\": \"json_schema\", \"json_schema\": "
+                           "{\"name\", \"schema\", ...}}", "response_format", "invalid_value")
+        extra = sorted(set(spec) - {"name", "schema", "strict", "description"})
+        if extra:
+            raise ApiError(f"response_format.json_schema.{extra[0]} is not a field of json_schema", "response_format",
+                           "unknown_parameter")
+        name = spec.get("name")
+        if not isinstance(name, str) or not 1 <= len(name) <= 64:
+            raise ApiError("response_format.json_schema.name must be a string of 1 to 64 characters",
+                           "response_format", "invalid_value")
+        if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+            raise ApiError("response_format.json_schema.strict must be true or false", "response_format",
+                           "invalid_type")
+        # strict or not, the output is held to the schema: the grammar admits nothing else
+        return _grammar("json", spec.get("schema", {}), "response_format")
+    raise ApiError(f"response_format type {kind[:40]!r} is not supported (text, json_object, json_schema)",
+                   "response_format", "unsupported_parameter")
+
+
+def _structured_outputs(so, where: str) -> Grammar:
+    if not isinstance(so, dict):
+        raise ApiError(f"{where} must be an object", where, "invalid_type")
+    unknown = sorted(set(so) - STRUCTURED_KEYS - STRUCTURED_NEUTRAL)
+    if unknown:
+        raise ApiError(f"{where}.{unknown[0][:40]} is not supported by this server (json, regex, choice, grammar, "
+                       "json_object)", where, "unsupported_parameter")
+    keys = [k for k in STRUCTURED_KEYS if so.get(k) not in (None, False)]
+    if len(keys) != 1:
+        raise ApiError(f"{where} takes exactly one of json, regex, choice, grammar, json_object", where,
+                       "invalid_value")
+    if keys[0] == "json_object":
+        if so["json_object"] is not True:
+            raise ApiError(f"{where}.json_object must be true", where, "invalid_type")
+        return _grammar("json", ANY_JSON_OBJECT, where)
+    return _grammar(keys[0], so[keys[0]], where)
+
+
+def _grammar(key: str, value, where: str) -> Grammar:
+    """The engine's Grammar for one constraint; its own checks (size, nesting, llguidance's validation) speak."""
+    try:
+        if key == "json":
+            return Grammar.json_schema(value)
+        if key == "choice":
+            return Grammar.choice(value)
+        if not isinstance(value, str):
+            raise ApiError(f"{where}: {key} must be a string", where, "invalid_type")
+        return Grammar.regex(value) if key == "regex" else Grammar.ebnf(value)
+    except ApiError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ApiError(f"{where}: {str(exc)[:400]}", where, "invalid_value") from None
 
 
 def _prompts(v, limits: ApiLimits, vocab_size: int) -> tuple[Prompt, ...]:

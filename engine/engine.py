@@ -37,11 +37,11 @@ from . import compute, governor, kernels, metrics
 from . import grammar as grammar_mod
 from . import speculative as spec_mod
 from .checks import StepFailed, as_bool, as_instance, as_int, as_text, as_token_ids, type_error, value_error
-from .events import CaptureData, LogitStats, SeqEvent, StepEvent
+from .events import CaptureData, LogitStats, PromptLogprob, SeqEvent, StepEvent
 from .kv_cache import BlockManager, KVFormula, KVStats, kv_block_preserver, kv_bytes_per_token, num_blocks_for_budget
 from .loader import LoadedModel, load
 from .model import Capture, KVStorage, Model, SeqInput
-from .sampling import MAX_TOP_N, SamplingParams, SamplingTrace, sample, sampling_probs, trace_chain
+from .sampling import MAX_TOP_N, SamplingParams, SamplingTrace, sample, sampling_probs, token_bias, trace_chain
 from .scheduler import ScheduledSeq, Scheduler, Sequence, Status
 from .speculative import (AdaptiveK, Draft, DraftRequest, RoundDist, RoundDraft, RoundFinal, RoundResidual,
                           RoundRollback, SpecRound, SpeculativeConfig, SpecState, Verification)
@@ -52,6 +52,7 @@ MAX_BLOCK_SIZE = 1024  # tokens per KV block; real engines use 16-256
 MAX_NUM_SEQS = 1024  # a draft model's KV pool is sized by it, so it must stay a sane number
 MAX_NEAREST_K = 1000  # nearest_tokens answers are cached; k bounds what one answer may hold
 MAX_SOURCE_CHARS = 4096  # a model source is a name or a path
+MAX_BAD_WORDS_CACHE = 256  # tokenized bad-word lists kept per engine
 DRIVE_SLICE_S = 0.02  # generate and stream: steps per hand-over to the compute thread, by time (Engine._steps_for)
 _SETTINGS = ("kv_memory", "block_size", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching")
 
@@ -178,6 +179,7 @@ class Engine:
         self._grammars: dict[int, grammar_mod.GrammarMatcher] = {}
         self._last_masks: dict[int, tuple] = {}
         self._mask_s = 0.0
+        self._bad_words: dict[tuple[str, ...], tuple[tuple[int, ...], ...]] = {}  # words -> their token ids
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
@@ -274,6 +276,7 @@ class Engine:
             as_text("system", system, MAX_SYSTEM_CHARS, optional=True)  # unused with prompt_ids, still checked
             prompt_ids = as_token_ids("prompt_ids", prompt_ids, self.spec.vocab_size, self.max_model_len - 1)
         self._check_fits(len(prompt_ids), params)
+        self._check_token_params(params)
         if params.grammar is not None:
             self._compile(params.grammar)  # refused now if it cannot work with this tokenizer (then cached)
         drafter = None
@@ -302,6 +305,56 @@ class Engine:
             raise ValueError(f"kv_memory: this request needs up to {need} KV blocks ({longest} tokens) but the "
                              f"pool holds {have}; lower max_tokens or give the engine more kv_memory")
 
+    def _check_token_params(self, params: SamplingParams) -> None:
+        """The params' token ids within this model's vocabulary; bad_words tokenized (cached)."""
+        vocab = self.spec.vocab_size
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("allowed_token_ids", params.allowed_token_ids),
+                          ("logit_bias", tuple(params.logit_bias))):
+            bad = next((t for t in ids or () if t >= vocab), None)
+            if bad is not None:
+                raise ValueError(f"{name}: token id {bad} is outside this model's vocabulary [0, {vocab})")
+        self._bad_words_ids(params.bad_words)
+
+    def _bad_words_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """Each bad word as token ids, as vLLM forms them: the word, and with a leading space where that is a
+        different token sequence of the same length (the word in the middle of a text)."""
+        if not words:
+            return ()
+        hit = self._bad_words.get(words)
+        if hit is not None:
+            return hit
+        out = []
+        for word in words:
+            plain = tuple(self.tokenizer.encode(word.lstrip(), add_special_tokens=False))
+            spaced = tuple(self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+            out += [ids for ids in (plain, spaced if spaced and plain and spaced[0] != plain[0]
+                                    and len(spaced) == len(plain) else ()) if ids]
+        if len(self._bad_words) >= MAX_BAD_WORDS_CACHE:
+            self._bad_words.clear()
+        self._bad_words[words] = tuple(out)
+        return self._bad_words[words]
+
+    def _stop_ids(self, params: SamplingParams) -> frozenset:
+        """Tokens that end a sequence: EOS (unless ignore_eos) and the request's stop_token_ids."""
+        return frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(self.eos_ids))
+
+    def _bias(self, params: SamplingParams, output_ids: list[int]) -> torch.Tensor | None:
+        """The sampling chain's bias stage for the next token after `output_ids` (None: nothing to apply)."""
+        if not params.biased:
+            return None
+        return token_bias(params, output_ids, self.spec.vocab_size, self._stop_ids(params),
+                          self._bad_words_ids(params.bad_words))
+
+    def _detokenizer(self, seq: Sequence) -> IncrementalDetokenizer:
+        """A fresh detokenizer for seq's params, fed the output it already has (a branch, a rewind)."""
+        p = seq.params
+        detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, stop=p.stop,
+                                       skip_special_tokens=p.skip_special_tokens,
+                                       include_stop=p.include_stop_str_in_output, min_tokens=p.min_tokens)
+        for t in seq.output_ids:
+            detok.push(t)
+        return detok
+
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1
@@ -309,9 +362,7 @@ class Engine:
     def _start(self, seq: Sequence, matcher: grammar_mod.GrammarMatcher | None = None) -> None:
         seed = seq.params.seed if seq.params.seed is not None else random.randrange(2**63)
         seq.generator = torch.Generator().manual_seed(seed)
-        seq.detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, stop=seq.params.stop)
-        for t in seq.output_ids:  # a branch replays the tokens it inherits
-            seq.detok.push(t)
+        seq.detok = self._detokenizer(seq)  # a branch replays the tokens it inherits
         if seq.params.grammar is not None:
             self._grammars[seq.seq_id] = matcher or self._compile(seq.params.grammar)
         self.sequences[seq.seq_id] = seq
@@ -395,9 +446,7 @@ class Engine:
             seq.forced_token = None
             seq.finish_reason = None
             seq.token_times = seq.token_times[:num_output_tokens]
-            seq.detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, stop=seq.params.stop)
-            for t in seq.output_ids:
-                seq.detok.push(t)
+            seq.detok = self._detokenizer(seq)
             if seq.status is Status.RUNNING:
                 seq.num_computed = min(seq.num_computed, seq.num_tokens - 1)
                 self.blocks.truncate(seq_id, seq.num_computed)
@@ -504,6 +553,7 @@ class Engine:
                 raise ValueError(f"max_tokens must be above the {len(seq.output_ids)} tokens sequence {seq_id} has "
                                  f"already generated (got {params.max_tokens})")
             self._check_fits(len(seq.prompt_ids), params)
+            self._check_token_params(params)
             matcher = None
             if params.grammar is not None and params.grammar != seq.params.grammar:
                 matcher = self._compile(params.grammar)
@@ -517,10 +567,10 @@ class Engine:
                     seq.forced_token = None  # forced under the old grammar, forbidden by the new one
             if params.seed is not None and params.seed != old.seed:
                 seq.generator.manual_seed(params.seed)
-            if params.stop != old.stop:
-                seq.detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, stop=params.stop)
-                stopped = any([seq.detok.push(t).stop is not None for t in seq.output_ids])
-                if stopped:
+            text_rules = ("stop", "skip_special_tokens", "include_stop_str_in_output", "min_tokens")
+            if any(getattr(params, k) != getattr(old, k) for k in text_rules):
+                seq.detok = self._detokenizer(seq)
+                if seq.detok.stop is not None:  # the new stop strings are looked for in the whole output
                     self._finish(seq, "stop")
 
     def release(self, seq_ids: Iterable[int]) -> None:
@@ -557,8 +607,9 @@ class Engine:
         # the step's own mask: a slider changes the chain after it, never what the grammar allowed
         mask_of = self._last_masks.get(seq.seq_id)
         step = mask_of[2] if mask_of is not None and mask_of[0] is cached else None
+        self._check_token_params(params)
         trace = trace_chain(logits, params, prompt_ids, output_ids, u, top_n=top_n,
-                            mask=None if step is None else mask_of[1])
+                            mask=None if step is None else mask_of[1], bias=self._bias(params, output_ids))
         trace.token_texts = [self.token_text(t) for t in trace.token_ids]
         trace.grammar = step
         return trace
@@ -698,14 +749,47 @@ class Engine:
             extra = w.drafts[i].tokens if i in w.drafts else []
             table = self.blocks.block_tables[seq.seq_id]
             slots = _slots(table, self.block_size, start + item.num_new + len(extra))
-            # verification needs the logits of every row: the pending token's and each draft's
-            w.inputs.append(SeqInput(ids + extra, start, slots, logits_rows=1 + len(extra) if item.samples else 0))
+            # verification needs the logits of every row: the pending token's and each draft's; a request for
+            # prompt log-probabilities every row of a chunk that holds prompt positions not yet reported
+            rows = 1 + len(extra) if item.samples else 0
+            if self._wants_prompt_rows(seq, start):
+                rows = item.num_new
+            w.inputs.append(SeqInput(ids + extra, start, slots, logits_rows=rows))
             decode = item.num_new == 1 and bool(seq.output_ids) and start == seq.num_tokens - 1
             w.seq_events.append(SeqEvent(
                 seq_id=seq.seq_id, phase="decode" if decode else "prefill", chunk_start=start,
                 num_processed=item.num_new + len(extra), processed_ids=list(ids + extra),
                 num_cached_tokens=seq.num_cached_tokens if item.admitted else 0,
                 prompt_len=len(seq.prompt_ids), num_tokens=seq.num_tokens))
+
+    @staticmethod
+    def _wants_prompt_rows(seq: Sequence, start: int) -> bool:
+        return (seq.params.prompt_logprobs is not None and seq.prompt_logprobs_done < len(seq.prompt_ids)
+                and start < len(seq.prompt_ids))
+
+    def _prompt_logprobs(self, seq: Sequence, start: int, logits: torch.Tensor) -> list[PromptLogprob]:
+        """The prompt positions this chunk's rows predict (row r: position start + r + 1), not reported before:
+        each prompt token's log-probability under the raw logits, its rank (1: the most likely) and the
+        prompt_logprobs most likely tokens. Position 0 has no prediction (logprob None), as in vLLM."""
+        k, n_prompt = seq.params.prompt_logprobs, len(seq.prompt_ids)
+        out = []
+        if start == 0 and seq.prompt_logprobs_done == 0:
+            out.append(PromptLogprob(position=0, token_id=seq.prompt_ids[0], logprob=None, rank=None))
+        first = max(start + 1, seq.prompt_logprobs_done, 1)
+        last = min(start + logits.shape[0], n_prompt - 1)
+        if first <= last:
+            logp = torch.log_softmax(logits[first - 1 - start : last - start].float(), dim=-1)
+            tokens = torch.tensor(seq.prompt_ids[first : last + 1], dtype=torch.long)
+            own = logp.gather(1, tokens[:, None])[:, 0]
+            ranks = (logp > own[:, None]).sum(1) + 1
+            top = logp.topk(k, dim=-1) if k else None
+            for j, p in enumerate(range(first, last + 1)):
+                out.append(PromptLogprob(
+                    position=p, token_id=seq.prompt_ids[p], logprob=float(own[j]), rank=int(ranks[j]),
+                    top_ids=[] if top is None else top.indices[j].tolist(),
+                    top_logprobs=[] if top is None else top.values[j].tolist()))
+        seq.prompt_logprobs_done = max(seq.prompt_logprobs_done, last + 1, 1)
+        return out
 
     def _forward(self, w: _StepWork) -> None:
         """The model's one forward over the whole batch (none for an idle step); captures only for the
@@ -729,14 +813,16 @@ class Engine:
             if samples and seq.spec is not None:
                 seq.spec.target_passes += 1
             draft = w.drafts.get(i)
+            if rows and self._wants_prompt_rows(seq, seq.num_computed):
+                ev.prompt_logprobs = self._prompt_logprobs(seq, seq.num_computed, w.logits[row : row + rows])
             if draft is not None and draft.tokens:
                 w.reasons[i], w.counts[i] = self._verify_round(seq, item, w.logits[row : row + rows], draft, ev,
                                                                w.trace, forward_s)
             else:
                 seq.num_computed += item.num_new
-                if samples:
+                if samples:  # the chunk's last row (a chunk reporting prompt log-probabilities has one per token)
                     ts = time.perf_counter()
-                    w.reasons[i], w.counts[i] = self._sample(seq, w.logits[row], ev, w.trace), 1
+                    w.reasons[i], w.counts[i] = self._sample(seq, w.logits[row + rows - 1], ev, w.trace), 1
                     if seq.spec is not None and ev.phase == "decode":  # a round without drafts
                         self._record_round(seq, item, draft or Draft([], None), None, 1, ev, w.trace,
                                            forward_s + time.perf_counter() - ts)
@@ -800,9 +886,10 @@ class Engine:
         prompt_ids, output_ids = seq.prompt_ids, list(seq.output_ids)
         gm = self._grammar_at(seq)
         mask = None if gm is None else self._grammar_mask(gm)
+        bias = self._bias(seq.params, output_ids)
         # checked: the sequence's params are the engine's own validated copy (`_own`), its ids the engine's
         token, tr = sample(logits, seq.params, prompt_ids, output_ids, seq.generator, trace=trace, mask=mask,
-                           checked=True)
+                           bias=bias, checked=True)
         if tr is not None:
             tr.token_texts = [self.token_text(t) for t in tr.token_ids]
             seq.last_sampling = (logits.clone(), prompt_ids, output_ids, tr.u)
@@ -825,12 +912,16 @@ class Engine:
         """Append one generated token and feed the detokenizer; returns why the sequence ends here, if it does."""
         seq.output_ids.append(token)
         gm = self._grammar_at(seq)  # the token was drawn under the mask (or checked when forced): it fits
-        step = seq.detok.push(token)
+        p = seq.params
+        # as vLLM: nothing stops a sequence before min_tokens; a stop token's text (EOS, stop_token_ids) is left
+        # out unless include_stop_str_in_output
+        stop_token = len(seq.output_ids) >= p.min_tokens and token in self._stop_ids(p)
+        step = seq.detok.push(token, silent=stop_token and not p.include_stop_str_in_output)
         ev.detok = step
         ev.emitted += step.emitted
-        if token in self.eos_ids and not seq.params.ignore_eos:
+        if stop_token:
             ev.emitted += seq.detok.finish()
-            return "eos"
+            return "stop" if token in p.stop_token_ids else "eos"
         if step.stop is not None:
             return "stop"
         if gm is not None and gm.done:  # a complete match that nothing may extend: no step for EOS
@@ -886,7 +977,8 @@ class Engine:
             # the grammar forbids has p = 0 there and is rejected; the residual and the bonus are masked too.
             gm = self._grammar_at(seq, before + draft.tokens[:i])
             mask = None if gm is None else self._grammar_mask(gm)
-            return sampling_probs(logits[i], params, prompt, before + draft.tokens[:i], mask=mask)
+            return sampling_probs(logits[i], params, prompt, before + draft.tokens[:i], mask=mask,
+                                  bias=self._bias(params, before + draft.tokens[:i]))
 
         v = spec_mod.verify(draft.tokens, draft.q, p_row, seq.generator)
         reason, kept, detok = None, 0, []
@@ -1112,7 +1204,9 @@ def _own(params: SamplingParams) -> SamplingParams:
     """The engine's copy of a request's params, checked: a caller changing its object later changes nothing
     here (set_params is the way), so the engine need not check them again at every sampled token."""
     params.validate()
-    return copy.copy(params)
+    own = copy.copy(params)
+    own.logit_bias = dict(params.logit_bias)  # the one mutable field
+    return own
 
 
 def _logit_stats(logits: torch.Tensor, token: int) -> LogitStats:

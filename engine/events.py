@@ -160,6 +160,19 @@ class LogitStats(Record):
 
 
 @dataclass
+class PromptLogprob(Record):
+    """One prompt token's log-probability under the model's raw logits at the position before it (a request
+    with SamplingParams.prompt_logprobs). Position 0 has none."""
+
+    position: int
+    token_id: int
+    logprob: float | None
+    rank: int | None  # 1: the model's most likely token there
+    top_ids: list[int] = field(default_factory=list)  # the prompt_logprobs most likely tokens, most likely first
+    top_logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
 class SeqEvent(Record):
     """What happened to one sequence in one step."""
 
@@ -185,6 +198,7 @@ class SeqEvent(Record):
     itl_s: float | None = None  # engine time since this sequence's previous token
     capture: CaptureData | None = None
     spec: SpecRound | None = None  # a speculative round: drafts and their checks, final token, rollback, stats
+    prompt_logprobs: list[PromptLogprob] = field(default_factory=list)  # prompt positions this chunk predicted
 
     def drop_capture(self, parts: tuple[str, ...] = ("attention",)) -> int:
         """Free `parts` of this step's capture (the attention by default: ~all of its bytes) to save memory;

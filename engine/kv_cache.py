@@ -272,8 +272,8 @@ class BlockManager:
         revived = sum(1 for b in hits if self._refcounts[b] == 0)
         return self.blocks_needed(len(token_ids)) - len(hits) + revived
 
-    def can_allocate(self, token_ids: Sequence[int]) -> bool:
-        hits = self.lookup_prefix(token_ids)
+    def can_allocate(self, token_ids: Sequence[int], read_cache: bool = True) -> bool:
+        hits = self.lookup_prefix(token_ids) if read_cache else []
         return self._new_blocks_for(token_ids, hits) <= self.num_free_blocks
 
     def _cow_needed(self, seq_id: int, new_len: int) -> bool:
@@ -344,15 +344,16 @@ class BlockManager:
 
     # ------------------------------------------------------------------ sequence operations
 
-    def allocate(self, seq_id: int, token_ids: Sequence[int]) -> int:
+    def allocate(self, seq_id: int, token_ids: Sequence[int], read_cache: bool = True) -> int:
         """Give seq_id a table covering len(token_ids) slots; returns the number of cached tokens.
 
         The prefix is looked up *before* any block is taken so that taking new blocks cannot evict
-        the very cached blocks this request is about to hit.
+        the very cached blocks this request is about to hit. read_cache=False: no prefix hit (the sequence
+        needs every position computed); its blocks are still registered for others once computed.
         """
         if seq_id in self.block_tables:
             raise ValueError(f"sequence {seq_id} already has a block table")
-        hits, hashes = self._match_prefix(token_ids)
+        hits, hashes = self._match_prefix(token_ids) if read_cache else ([], [])
         need = self._new_blocks_for(token_ids, hits)
         if need > self.num_free_blocks:
             raise NoFreeBlocksError(

@@ -1,4 +1,4 @@
-"""The sampling chain: [grammar mask ->] penalties -> temperature -> min_p -> top_k -> top_p -> inverse-CDF draw.
+"""The sampling chain: [grammar mask ->] [bias ->] penalties -> temperature -> min_p -> top_k -> top_p -> draw.
 
 Every stage works on a float32 1-D tensor of vocabulary logits. A removed token gets logit -inf and
 the survivors are renormalised (softmax over them) after each cut.
@@ -20,13 +20,18 @@ so masking after them could leave no token (top_k keeps 5 tokens the grammar for
 never asked for; masked first, every cut picks among tokens the grammar allows. Penalties commute with the mask
 (they never lift a -inf logit), so putting the mask before them changes nothing but the picture. The "grammar"
 stage is recorded only for a masked chain: traces of unconstrained requests keep the stages they always had.
+
+The "bias" stage (vLLM's request extras: logit_bias, allowed_token_ids, bad_words, min_tokens) comes next, where
+vLLM's logits processors run (before the penalties): `token_bias` turns a request's params and output into one
+vector that is added to the logits, -inf for a banned token. Like the grammar stage it is recorded only when
+there is something to apply.
 """
 from __future__ import annotations
 
 import math
 import numbers
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -38,6 +43,7 @@ from .records import build
 
 STAGE_NAMES = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
 GRAMMAR_STAGE = "grammar"  # recorded after "logits" when the chain is masked
+BIAS_STAGE = "bias"  # recorded after the grammar (or the logits) when the chain is given a bias (`token_bias`)
 GRAMMAR_EXTRA_TRACKED = 5  # a masked trace also follows the grammar's own top tokens (the top N may all be cut)
 
 _NEG_INF = float("-inf")
@@ -78,6 +84,14 @@ MIN_REPETITION_PENALTY = 1e-4
 MAX_STOP_STRINGS = 16  # each stop string is searched for after every token: the count and length are capped
 MAX_STOP_CHARS = 256
 MAX_TOP_N = 1000  # tokens a trace follows through every stage; more is unreadable and costs per stage
+# The bias stage's inputs (vLLM's request extras): each is looked at for every sampled token, so each is capped.
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias (OpenAI documents no count; its values are in [-100, 100])
+MAX_BIAS = 100.0
+MAX_STOP_TOKEN_IDS = 64
+MAX_ALLOWED_TOKEN_IDS = 65_536
+MAX_BAD_WORDS = 64
+MAX_BAD_WORD_CHARS = 256
+MAX_PROMPT_LOGPROBS = 20  # alternatives per prompt position (OpenAI's and vLLM's top-logprobs limit)
 
 _RANGES = {  # name: (low, high, low inclusive, rule)
     "temperature": (0.0, MAX_TEMPERATURE, True, f"in [0, {MAX_TEMPERATURE:g}] (below {GREEDY_TEMPERATURE:g}: greedy)"),
@@ -104,6 +118,16 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     grammar: Grammar | None = None  # the output must match it (engine/grammar.py); None = unconstrained
+    # vLLM's request extras. The bias stage (`token_bias`, between the grammar and the penalties, where vLLM's
+    # logits processors run) applies logit_bias, allowed_token_ids, bad_words and min_tokens.
+    min_tokens: int = 0  # EOS and stop_token_ids are banned (and stop strings not looked for) until this many
+    stop_token_ids: tuple[int, ...] = ()  # generating one of these ends the sequence (reason "stop")
+    include_stop_str_in_output: bool = False  # the stop string or stop token's text stays in the text
+    skip_special_tokens: bool = True  # special tokens' text (<|im_end|>) left out of the detokenized text
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, in [-100, 100]
+    allowed_token_ids: tuple[int, ...] | None = None  # only these may be sampled (None: every token)
+    bad_words: tuple[str, ...] = ()  # never generated: a word's last token is banned where its others precede
+    prompt_logprobs: int | None = None  # each prompt token's log-probability and this many alternatives
 
     def __post_init__(self) -> None:
         # Normalise the types people naturally pass (numpy scalars, ints for floats, a single stop
@@ -127,6 +151,16 @@ class SamplingParams:
             self.stop = tuple(self.stop)
         if isinstance(self.grammar, dict):  # from_dict / JSON: {"kind": ..., "source": ...}
             self.grammar = Grammar.from_dict(self.grammar)
+        for name in ("stop_token_ids", "allowed_token_ids", "bad_words"):
+            v = getattr(self, name)
+            if isinstance(v, list):
+                setattr(self, name, tuple(v))
+        if isinstance(self.bad_words, str):
+            self.bad_words = (self.bad_words,)
+        if isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS:
+            # JSON object keys are strings ("50256": -100, as OpenAI sends them)
+            self.logit_bias = {(int(k) if isinstance(k, str) and k.strip().lstrip("-").isdigit() else k):
+                               (float(v) if _is_real(v) else v) for k, v in self.logit_bias.items()}
         self.validate()
 
     @property
@@ -164,6 +198,47 @@ class SamplingParams:
             raise type_error("ignore_eos", "a bool", self.ignore_eos)
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise type_error("grammar", "a Grammar (Grammar.json_schema/.regex/.ebnf/.choice) or None", self.grammar)
+        self._validate_extras()
+
+    def _validate_extras(self) -> None:
+        """vLLM's extras. Token ids are checked against the vocabulary by the engine (it knows the model)."""
+        if not _is_int(self.min_tokens):
+            raise type_error("min_tokens", "an integer", self.min_tokens)
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise value_error("min_tokens", f"in [0, max_tokens = {self.max_tokens}]", self.min_tokens)
+        _check_ids("stop_token_ids", self.stop_token_ids, MAX_STOP_TOKEN_IDS)
+        if self.allowed_token_ids is not None:
+            _check_ids("allowed_token_ids", self.allowed_token_ids, MAX_ALLOWED_TOKEN_IDS)
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty (None: every token)")
+        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise type_error(name, "a bool", getattr(self, name))
+        if not isinstance(self.logit_bias, dict):
+            raise type_error("logit_bias", "a dict of token id -> bias", self.logit_bias)
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise value_error("logit_bias", f"at most {MAX_LOGIT_BIAS} entries", len(self.logit_bias))
+        for k, v in self.logit_bias.items():
+            if not _is_int(k) or k < 0:
+                raise type_error("logit_bias", "token ids (non-negative integers) as keys", k)
+            if not _is_real(v) or not -MAX_BIAS <= v <= MAX_BIAS:
+                raise value_error("logit_bias", f"biases in [-{MAX_BIAS:g}, {MAX_BIAS:g}]", v)
+        if not isinstance(self.bad_words, tuple) or len(self.bad_words) > MAX_BAD_WORDS:
+            raise type_error("bad_words", f"a list of at most {MAX_BAD_WORDS} strings", self.bad_words)
+        for w in self.bad_words:
+            if not isinstance(w, str) or not w.strip() or len(w) > MAX_BAD_WORD_CHARS:
+                raise value_error("bad_words", f"non-blank strings of at most {MAX_BAD_WORD_CHARS} characters", w)
+            check_unicode("bad_words", w)
+        if self.prompt_logprobs is not None:
+            if not _is_int(self.prompt_logprobs):
+                raise type_error("prompt_logprobs", "an integer or None", self.prompt_logprobs)
+            if not 0 <= self.prompt_logprobs <= MAX_PROMPT_LOGPROBS:
+                raise value_error("prompt_logprobs", f"in [0, {MAX_PROMPT_LOGPROBS}]", self.prompt_logprobs)
+
+    @property
+    def biased(self) -> bool:
+        """Whether the bias stage has anything to do (min_tokens counts only while it holds EOS back)."""
+        return bool(self.logit_bias or self.allowed_token_ids is not None or self.bad_words or self.min_tokens)
 
     def _validate_stop(self) -> None:
         # the forms __post_init__ accepts are accepted here too (for a field set after construction)
@@ -200,6 +275,14 @@ class SamplingParams:
             "stop": list(self.stop),
             "ignore_eos": self.ignore_eos,
             "grammar": None if self.grammar is None else self.grammar.to_dict(),
+            "min_tokens": self.min_tokens,
+            "stop_token_ids": list(self.stop_token_ids),
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "skip_special_tokens": self.skip_special_tokens,
+            "logit_bias": {str(k): v for k, v in self.logit_bias.items()},
+            "allowed_token_ids": None if self.allowed_token_ids is None else list(self.allowed_token_ids),
+            "bad_words": list(self.bad_words),
+            "prompt_logprobs": self.prompt_logprobs,
         }
 
     @classmethod
@@ -212,6 +295,14 @@ class SamplingParams:
         if unknown:
             raise ValueError(f"unknown sampling parameter(s): {', '.join(map(str, unknown))}")
         return cls(**data)
+
+
+def _check_ids(name: str, ids, cap: int) -> None:
+    if not isinstance(ids, tuple) or len(ids) > cap:
+        raise type_error(name, f"a list of at most {cap} token ids", ids)
+    for t in ids:
+        if not _is_int(t) or t < 0:
+            raise type_error(name, "token ids (non-negative integers)", t)
 
 
 def make_generator(seed: int | None = None) -> torch.Generator:
@@ -442,9 +533,9 @@ def _scale(x: torch.Tensor, t: float) -> torch.Tensor:
 
 
 def _run_chain(x: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int], record=None,
-               mask: torch.Tensor | None = None) -> _State:
-    """Apply the chain to raw logits `x`, first the grammar's `mask` (allowed tokens) when given; if `record` is a
-    list, append (name, state, active)."""
+               mask: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> _State:
+    """Apply the chain to raw logits `x`, first the grammar's `mask` (allowed tokens) and the `bias` (added to
+    every logit, -inf bans: `token_bias`) when given; if `record` is a list, append (name, state, active)."""
     vocab = x.numel()
 
     def rec(name: str, st: _State, active: bool) -> None:
@@ -454,13 +545,20 @@ def _run_chain(x: torch.Tensor, params: SamplingParams, prompt: list[int], outpu
     st = _State(None, x)
     rec("logits", st, True)
 
-    exact = mask is not None
-    if exact:
+    exact = mask is not None or bias is not None
+    if mask is not None:
         x = x.masked_fill(~mask, _NEG_INF)
         if not bool((x > _NEG_INF).any()):
             raise ValueError("the grammar allows no token with a finite logit here")
         st = _State(None, x, exact=True)
         rec(GRAMMAR_STAGE, st, True)
+    if bias is not None:
+        x = x + bias
+        if not bool((x > _NEG_INF).any()):
+            raise ValueError("logit_bias, allowed_token_ids, bad_words and min_tokens leave no token to sample "
+                             "here" + (" within the grammar" if mask is not None else ""))
+        st = _State(None, x, exact=True)
+        rec(BIAS_STAGE, st, True)
 
     x_pen = _penalise(x, params, prompt, output)
     if float(x_pen.max()) == _NEG_INF:  # no NaN gets here: the max is -inf only when every logit is
@@ -560,7 +658,7 @@ def _check_params(params) -> None:
     params.validate()  # cheap, and catches fields changed after construction
 
 
-def _prepare(logits, params, prompt_ids, output_ids, mask=None):
+def _prepare(logits, params, prompt_ids, output_ids, mask=None, bias=None):
     """The checked logits and id lists (params: `_check_params` first, once)."""
     x = _as_logits(logits)
     prompt = _as_ids(prompt_ids, x.numel(), "prompt_ids")
@@ -568,19 +666,53 @@ def _prepare(logits, params, prompt_ids, output_ids, mask=None):
     if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
                                  and mask.shape == x.shape):
         raise type_error("mask", f"a bool tensor of the vocabulary's size ({x.numel()}) or None", mask)
+    if bias is not None and not (isinstance(bias, torch.Tensor) and bias.dtype == torch.float32
+                                 and bias.shape == x.shape and not bool(torch.isnan(bias).any())
+                                 and not bool(torch.isposinf(bias).any())):
+        raise type_error("bias", f"a float32 tensor of the vocabulary's size ({x.numel()}) without NaN or +inf, "
+                                 "or None", bias)
     return x, prompt, output
+
+
+def token_bias(params: SamplingParams, output_ids: list[int], vocab_size: int, stop_ids: set[int] | frozenset,
+               bad_words_ids: tuple[tuple[int, ...], ...] = ()) -> torch.Tensor | None:
+    """The bias stage's vector for the next token of a sequence whose output so far is `output_ids` (None: the
+    stage has nothing to do). As vLLM's logits processors: logit_bias adds, and -inf bans every token outside
+    allowed_token_ids, the last token of each bad word whose other tokens end the output (`bad_words_ids`, the
+    words as token ids: the engine tokenizes them), and, while the output is shorter than min_tokens, the
+    `stop_ids` (EOS and stop_token_ids). A pure function of its arguments: what_if and the speculative verify
+    recompute it for any output."""
+    holding = len(output_ids) < params.min_tokens and bool(stop_ids)
+    if not (params.logit_bias or params.allowed_token_ids is not None or bad_words_ids or holding):
+        return None
+    if params.allowed_token_ids is not None:
+        bias = torch.full((vocab_size,), _NEG_INF, dtype=torch.float32)
+        bias[torch.tensor(params.allowed_token_ids, dtype=torch.long)] = 0.0
+    else:
+        bias = torch.zeros(vocab_size, dtype=torch.float32)
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+        bias[ids] = bias[ids] + torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
+    banned = [word[-1] for word in bad_words_ids
+              if len(word) == 1 or tuple(output_ids[len(output_ids) - len(word) + 1:]) == word[:-1]]
+    if holding:
+        banned += [t for t in stop_ids if t < vocab_size]
+    if banned:
+        bias[torch.tensor(banned, dtype=torch.long)] = _NEG_INF
+    return bias
 
 
 # ----------------------------------------------------------------------------------------------
 # Public API
 
 
-def sampling_probs(logits, params: SamplingParams, prompt_ids=(), output_ids=(), mask=None) -> torch.Tensor:
+def sampling_probs(logits, params: SamplingParams, prompt_ids=(), output_ids=(), mask=None,
+                   bias=None) -> torch.Tensor:
     """The exact final distribution the draw uses: float32 over the vocabulary, sums to 1. `mask`: the tokens a
-    grammar allows (a bool tensor over the vocabulary; None: unconstrained)."""
+    grammar allows (a bool tensor over the vocabulary; None: unconstrained); `bias`: `token_bias`'s vector."""
     _check_params(params)
-    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids, mask)
-    st = _run_chain(x, params, prompt, output, mask=mask)
+    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids, mask, bias)
+    st = _run_chain(x, params, prompt, output, mask=mask, bias=bias)
     probs = st.softmax()
     if st.idx is None:
         return probs
@@ -599,23 +731,24 @@ def sample(
     trace: bool = False,
     top_n: int = 20,
     mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
     checked: bool = False,
 ) -> tuple[int, SamplingTrace | None]:
     """Draw one token. Consumes exactly one uniform number from `generator` (also when greedy), so a
-    seeded request reproduces whatever its params are. `mask`: as in sampling_probs. checked=True: the caller
+    seeded request reproduces whatever its params are. `mask`, `bias`: as in sampling_probs. checked=True: the caller
     vouches that params are valid and the ids in range (the engine's own copies), and they are not checked
     again (~0.05 ms of a ~4 ms step)."""
     if trace:
         top_n = _check_top_n(top_n)  # before the generator is touched: a bad call must not consume u
     if not checked:
         _check_params(params)
-    if not trace and mask is None and params.greedy and not _penalties_active(params):
+    if not trace and mask is None and bias is None and params.greedy and not _penalties_active(params):
         fast = _greedy_fast(logits, prompt_ids, output_ids, generator, checked)
         if fast is not None:
             return fast, None
-    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids, mask)
+    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids, mask, bias)
     record = [] if trace else None
-    st = _run_chain(x, params, prompt, output, record, mask)
+    st = _run_chain(x, params, prompt, output, record, mask, bias)
     u = float(torch.rand((), generator=generator, dtype=torch.float64))
     d = _draw(st, u)
     if not trace:
@@ -647,17 +780,18 @@ def _greedy_fast(logits, prompt_ids, output_ids, generator, checked: bool = Fals
 
 
 def trace_chain(logits, params: SamplingParams, prompt_ids, output_ids, u: float, top_n: int = 20,
-                mask: torch.Tensor | None = None) -> SamplingTrace:
-    """Recompute the whole chain from cached logits with a given u ("what-if" for the UI); `mask` as the step's."""
+                mask: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> SamplingTrace:
+    """Recompute the whole chain from cached logits with a given u ("what-if" for the UI); `mask` as the step's,
+    `bias` as `token_bias` gives it for these params."""
     if not _is_real(u):
         raise type_error("u", "a number in [0, 1)", u)
     if not 0.0 <= float(u) < 1.0:
         raise value_error("u", "in [0, 1)", u)
     top_n = _check_top_n(top_n)
     _check_params(params)
-    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids, mask)
+    x, prompt, output = _prepare(logits, params, prompt_ids, output_ids, mask, bias)
     record: list = []
-    st = _run_chain(x, params, prompt, output, record, mask)
+    st = _run_chain(x, params, prompt, output, record, mask, bias)
     d = _draw(st, float(u))
     return _build_trace(record, d, params, float(u), top_n, prompt, output)
 
@@ -684,7 +818,7 @@ def _tracked(record, d: _Draw, params: SamplingParams, top_n: int, prompt: list[
     cut) and adds the grammar's own top few, so the later stages still have bars to show."""
     stage = {name: st for name, st, _ in record}
     pen = stage["penalties"].vals
-    masked = GRAMMAR_STAGE in stage
+    masked = GRAMMAR_STAGE in stage or BIAS_STAGE in stage  # the bias bans tokens as a mask does
     ranked = _penalise(stage["logits"].vals, params, prompt, output) if masked else pen
     tracked = _desc_order(ranked, top_n)[0][:top_n].tolist() if top_n else []
     if masked and top_n:
@@ -764,6 +898,7 @@ def _build_trace(record, d: _Draw, params: SamplingParams, u: float, top_n: int,
 __all__ = [
     "STAGE_NAMES",
     "GRAMMAR_STAGE",
+    "BIAS_STAGE",
     "GREEDY_TEMPERATURE",
     "MAX_TEMPERATURE",
     "MAX_PENALTY",
@@ -778,4 +913,5 @@ __all__ = [
     "sample",
     "sampling_probs",
     "trace_chain",
+    "token_bias",
 ]

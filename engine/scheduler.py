@@ -58,6 +58,7 @@ class Sequence:
     spec: object = None  # engine.speculative.SpecState when the request speculates
     spec_k: int = 0  # drafts the next decode step may verify (the engine keeps it within max_tokens/context)
     owner: str = ""  # who asked for it (a tab, the lecture, an API client); "" for a single-user engine
+    prompt_logprobs_done: int = 0  # prompt positions whose log-probabilities a step has reported (prompt_logprobs)
 
     @property
     def token_ids(self) -> list[int]:
@@ -80,12 +81,13 @@ class Sequence:
                 None if self.generator is None else self.generator.get_state(),
                 None if self.detok is None else self.detok.snapshot(),
                 self.forced_token, self.first_token_time, self.last_token_time, self.preemptions,
-                self.last_sampling, None if self.spec is None else self.spec.snapshot(), self.spec_k)
+                self.last_sampling, None if self.spec is None else self.spec.snapshot(), self.spec_k,
+                self.prompt_logprobs_done)
 
     def restore(self, snap: tuple) -> None:
         (self.output_ids, n_out, self.token_times, n_times, self.status, self.num_computed, self.num_cached_tokens,
          self.finish_reason, gen_state, detok_state, self.forced_token, self.first_token_time, self.last_token_time,
-         self.preemptions, self.last_sampling, spec_state, self.spec_k) = snap
+         self.preemptions, self.last_sampling, spec_state, self.spec_k, self.prompt_logprobs_done) = snap
         del self.output_ids[n_out:]
         del self.token_times[n_times:]
         if gen_state is not None:
@@ -246,11 +248,13 @@ class Scheduler:
         for seq in arriving:
             if budget <= 0 or seats <= 0 or preempted:
                 break
-            if not self.blocks.can_allocate(seq.token_ids):
+            # a request for prompt log-probabilities computes every prompt position: it reads no cached prefix
+            read_cache = seq.params.prompt_logprobs is None
+            if not self.blocks.can_allocate(seq.token_ids, read_cache):
                 break
             self.waiting.remove(seq)
             self._take_turn(seq.owner)
-            seq.num_cached_tokens = self.blocks.allocate(seq.seq_id, seq.token_ids)
+            seq.num_cached_tokens = self.blocks.allocate(seq.seq_id, seq.token_ids, read_cache)
             seq.num_computed = seq.num_cached_tokens
             seq.status = Status.RUNNING
             self.running.append(seq)

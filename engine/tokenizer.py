@@ -521,7 +521,9 @@ class IncrementalDetokenizer:
 
     Stop strings: the first stop to complete in the text ends the stream (ties go to the longer
     one); the text before it is released and nothing from the stop on ever is. The longest suffix
-    that is a proper prefix of some stop is held until it completes or fails."""
+    that is a proper prefix of some stop is held until it completes or fails. include_stop: the stop string
+    itself is released too (vLLM's include_stop_str_in_output). min_tokens: as vLLM, stop strings are looked for
+    only in the text of the pushes after the first min_tokens (earlier text is released as it comes)."""
 
     def __init__(
         self,
@@ -529,12 +531,17 @@ class IncrementalDetokenizer:
         prompt_ids: Sequence[int] = (),
         stop: Sequence[str] | str | None = (),
         skip_special_tokens: bool = True,
+        include_stop: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         if isinstance(stop, str):
             stop = [stop]
         stop = stop or ()
         self._table = _table(tok)
         self._skip = skip_special_tokens
+        self._include_stop = include_stop
+        self._min_tokens = min_tokens
+        self._pushes = 0
         self._stops = [s for s in dict.fromkeys(stop) if s]
         self._max_stop = max((len(s) for s in self._stops), default=0)
         self._held = ""  # text held for a possible stop match
@@ -629,12 +636,12 @@ class IncrementalDetokenizer:
         """Pass freshly decoded text through the stop-string filter; returns (emitted, stop)."""
         buf = self._held + delta
         self._held = ""
-        if not self._stops:
+        if not self._stops or self._pushes <= self._min_tokens:
             out, matched = buf, None
         else:
             hit = self._match_stop(buf)
             if hit is not None:
-                out, matched = buf[: hit[0]], hit[1]
+                out, matched = buf[: hit[0] + (len(hit[1]) if self._include_stop else 0)], hit[1]
                 self._finished = True
                 self.stop = matched
             else:
@@ -652,10 +659,11 @@ class IncrementalDetokenizer:
 
         Cheap: emitted parts are only ever appended, so their count stands for them."""
         return (self._held, len(self._parts), self._finished, self.stop, list(self._ids), self._prefix,
-                self._read, self._prefix_text)
+                self._read, self._prefix_text, self._pushes)
 
     def restore(self, state: tuple) -> None:
-        held, n_parts, self._finished, self.stop, ids, self._prefix, self._read, self._prefix_text = state
+        (held, n_parts, self._finished, self.stop, ids, self._prefix, self._read, self._prefix_text,
+         self._pushes) = state
         self._held = held
         del self._parts[n_parts:]
         self._ids = list(ids)
@@ -669,14 +677,17 @@ class IncrementalDetokenizer:
     def finished(self) -> bool:
         return self._finished
 
-    def push(self, token_id: int) -> DetokStep:
+    def push(self, token_id: int, silent: bool = False) -> DetokStep:
+        """One generated token. silent=True: it adds no text, as a skipped special token (a stop token whose
+        text is not wanted: the engine's EOS or stop_token_ids without include_stop_str_in_output)."""
         token_id = int(token_id)
         raw = self._table.token_bytes(token_id)
+        self._pushes += 1
         if self._finished:
             # After a stop or finish() nothing more is released; the step only describes the token.
             return DetokStep(token_id, _hex(raw), "", "", "", None, "", True)
         delta = ""
-        if self._skipped(token_id):  # skipped specials would only widen the window
+        if silent or self._skipped(token_id):  # skipped specials would only widen the window
             tail = self._pending_tail()
         else:
             self._ids.append(token_id)

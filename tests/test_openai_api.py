@@ -210,10 +210,14 @@ BAD = [  # (fields, the param the error names)
     ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 10**6}, "max_tokens"),
     ({"presence_penalty": -3}, "presence_penalty"),
     ({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ({"stream_options": {"include_usage": True}}, "stream_options"), ({"logit_bias": {"42": 5}}, "logit_bias"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"), ({"logit_bias": {"42": 500}}, "logit_bias"),
     ({"seed": "7"}, "seed"), ({"stop": ["x"] * 17}, "stop"), ({"extra_body": {"mirostat": 2}}, "mirostat"),
     ({"extra_body": {"top_k": -2}}, "top_k"), ({"extra_body": {"min_p": 1.5}}, "min_p"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"), ({"extra_body": {"best_of": 2}}, "best_of"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "response_format"), ({"extra_body": {"guided_json": {"type": "object"}, "guided_regex": "a"}}, "guided_regex"),
+    ({"extra_body": {"chat_template_kwargs": {"tokenize": True}}}, "chat_template_kwargs"),
+    ({"extra_body": {"min_tokens": 5}}, "min_tokens"), ({"extra_body": {"stop_token_ids": [10**6]}}, "stop_token_ids"),
     ({"messages": []}, "messages"), ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0]"),
 ]
 
@@ -264,7 +268,7 @@ def test_the_api_key_is_required(server):
         with pytest.raises(openai.AuthenticationError) as err:
             c.models.list()
         assert err.value.response.json()["error"]["code"] == "invalid_api_key"
-    assert httpx.get(url + "/metrics", timeout=30).status_code == 401
+    assert httpx.get(url + "/metrics", timeout=30).status_code == 200  # open, as vLLM's (--guard-metrics guards it)
     assert httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": QUESTION},
                       timeout=30).status_code == 401
 
@@ -444,7 +448,7 @@ def test_the_api_is_on_locally_and_off_in_public_unless_a_key_is_set():
     mount(app, SessionRegistry(), ModelHolder(), off)
     with TestClient(app) as http:
         for method, path in (("get", "/v1/models"), ("post", "/v1/chat/completions"), ("post", "/v1/completions"),
-                             ("get", "/metrics")):
+                             ("post", "/tokenize"), ("post", "/detokenize")):
             r = http.request(method.upper(), path, json={} if method == "post" else None)
             assert r.status_code == 403 and r.json()["error"]["code"] == "api_disabled"
 
