@@ -936,15 +936,20 @@ UI = {
     # app/charts/sampling.py
     "sampling.chain": {"en": "Sampling chain", "ru": "Цепочка сэмплирования"},
     # the chain's stages, named like engine/sampling.py's (the names stay the trace's own)
-    "sampling.stage_names": {"en": {"logits": "logits", "grammar": "grammar", "penalties": "penalties",
+    "sampling.stage_names": {"en": {"logits": "logits", "grammar": "grammar", "bias": "bias", "penalties": "penalties",
                                     "temperature": "temperature", "min_p": "min_p", "top_k": "top_k", "top_p": "top_p"},
-                             "ru": {"logits": "логиты", "grammar": "грамматика", "penalties": "штрафы",
+                             "ru": {"logits": "логиты", "grammar": "грамматика", "bias": "смещение", "penalties": "штрафы",
                                     "temperature": "температура", "min_p": "min-p", "top_k": "top-k", "top_p": "top-p"}},
     # constrained decoding (issue 15): the grammar stage's line under the chain's title, the CDF's note
     "sampling.grammar_line": {"en": "grammar: {allowed:,} of {vocab:,} tokens allowed · {masked} of the {n} shown "
                                     "masked · −{mass:.1%} of the mass · mask {ms:.2f} ms",
                               "ru": "грамматика: разрешено {allowed:,} из {vocab:,} токенов · {masked} из {n} "
                                     "показанных отсечены · −{mass:.1%} массы · маска {ms:.2f} мс"},
+    # vLLM's request extras (logit_bias, allowed_token_ids, bad_words, min_tokens): the bias stage's line
+    "sampling.bias_line": {"en": "bias: {allowed:,} of {vocab:,} tokens left · {banned} of the {n} shown banned · "
+                                 "−{mass:.1%} of the mass",
+                           "ru": "смещение: осталось {allowed:,} из {vocab:,} токенов · {banned} из {n} показанных "
+                                 "запрещены · −{mass:.1%} массы"},
     "sampling.cdf_masked": {"en": "masked by the grammar, not in the draw: {n} of the top tokens ({names})",
                             "ru": "отсечены грамматикой и не участвуют в выборе: {n} из топ-токенов ({names})"},
     "sampling.logit": {"en": "logit", "ru": "логит"},
@@ -1484,18 +1489,18 @@ UI = {
     "attach.finished_no_usage": {"en": "finished ({reason}): {n} tokens; the server sent no token counts (its answer "
                                        "had no usage)",
                                  "ru": "завершено ({reason}): токенов {n}; сервер не прислал число токенов (в его "
-                                       "ответе нет usage)"},
+                                       "ответе нет поля «usage»)"},
     "attach.token_count_no_usage": {"en": "{n} tokens through the model's own tokenizer and chat template (the "
                                           "server sent no count of its own: its answer had no usage)",
                                     "ru": "токенов: {n} — по собственному токенизатору и шаблону чата модели (сервер "
-                                          "своего числа не прислал: в его ответе нет usage)"},
+                                          "своего числа не прислал: в его ответе нет поля «usage»)"},
     "attach.token_count_server_no_usage": {"en": "{n} tokens from the server's own /tokenize, its chat template "
                                                  "applied (the template's text is not returned; the model's "
                                                  "tokenizer could not be loaded here: {why}). The server's answer "
                                                  "had no usage, so no count of its own",
                                            "ru": "токенов: {n} — от собственного /tokenize сервера, с его шаблоном "
                                                  "чата (текст шаблона сервер не возвращает; токенизатор модели здесь "
-                                                 "загрузить не удалось: {why}). В ответе сервера нет usage, своего "
+                                                 "загрузить не удалось: {why}). В ответе сервера нет поля «usage», своего "
                                                  "числа он не прислал"},
     "attach.token_count_raw_no_usage": {"en": "{n} tokens of the prompt's own text from the server's "
                                               "/extras/tokenize: the server wraps it in a chat template it does not "
@@ -1503,11 +1508,11 @@ UI = {
                                               "counted here (the model's tokenizer could not be loaded here: {why})",
                                         "ru": "токенов: {n} — сам текст запроса по /extras/tokenize сервера: сервер "
                                               "оборачивает его в шаблон чата, которого не показывает, а в его ответе "
-                                              "нет usage, поэтому токены шаблона здесь не сосчитаны (токенизатор "
+                                              "нет поля «usage», поэтому токены шаблона здесь не сосчитаны (токенизатор "
                                               "модели здесь загрузить не удалось: {why})"},
     "attach.metrics_absent": {"en": "the server has no /metrics (it answered HTTP {status}); asked again in {s} s, "
                                     "less and less often, up to once a minute",
-                              "ru": "у сервера нет /metrics (он ответил HTTP {status}); спросим снова через {s} с, "
+                              "ru": "у сервера нет /metrics (он ответил кодом {status}); спросим снова через {s} с, "
                                     "всё реже, до раза в минуту"},
     # ---- attach mode's room load and its field for another server (app/attach_room.py, app/attach_server.py)
     "attach.panel_room": {"en": "7 · Load from the room", "ru": "7 · Нагрузка от зала"},

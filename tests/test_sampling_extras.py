@@ -155,3 +155,31 @@ def test_prompt_logprobs_are_the_models_own_and_computed_in_chunks(base_engine, 
         assert abs(r.logprob - float(row[r.token_id])) < 1e-3
         assert r.rank == int((row > row[r.token_id]).sum()) + 1
         assert r.top_ids == row.topk(3).indices.tolist()
+
+
+# ---- the lab's charts draw the bias stage from the engine's event -----------------------------------------
+def test_the_sampling_chain_chart_draws_the_bias_stage(engine):
+    from app.charts import logits as logits_chart
+    from app.charts import sampling as chart
+
+    base = greedy(engine, QUESTION, max_tokens=2)
+    banned = base.token_ids[0]
+    rid = engine.add_request(QUESTION, SamplingParams(max_tokens=1, temperature=0.0, logit_bias={banned: 2.0},
+                                                      bad_words=[engine.token_text(banned).strip()]))
+    tr = engine.step().seq(rid).sampling
+    names = [s.name for s in tr.stages]
+    assert names[:2] == ["logits", BIAS_STAGE] and tr.chosen != banned
+    fig = chart.sampling_chain_chart(tr)
+    bars = {b["name"]: b for b in fig["data"] if b["type"] == "bar"}
+    assert [b["name"] for b in fig["data"] if b["type"] == "bar"] == names  # in the chain's order
+    bias = next(s for s in tr.stages if s.name == BIAS_STAGE)
+    assert bars[BIAS_STAGE]["x"] == bias.probs
+    assert banned in chart.banned_by_bias(tr)
+    title = fig["layout"]["title"]["text"].replace("<br>", " ")  # titles wrap (common.TITLE_CHARS)
+    assert f"{len(chart.banned_by_bias(tr))} of the {len(tr.token_ids)} shown banned" in title
+    ru = chart.sampling_chain_chart(tr, lang="ru")
+    assert "смещение" in ru["layout"]["title"]["text"] and "bias" in ru["data"][1]["name"]
+    # the logits chart greys the banned rows as it greys a grammar's masked ones
+    raw = logits_chart.logits_chart(tr, None)["data"][0]
+    row = tr.token_ids.index(banned)
+    assert raw["marker"]["color"][row] == logits_chart.GREY != raw["marker"]["color"][tr.token_ids.index(tr.chosen)]

@@ -84,8 +84,12 @@ def logits_chart(seq_event_sampling: SamplingTrace | None, logit_stats: LogitSta
     y = list(range(len(ids)))
     labels = [id_label(s, i) for s, i in zip(texts, ids)]
     # a constrained step: the rows the grammar's mask removed are grey, their labels marked with ⊘
-    grammar = _stage(sampling, "grammar")
-    masked = {i for i, k in zip(ids, grammar.kept) if not k} if grammar is not None else set()
+    # (the bias stage's bans, vLLM's allowed_token_ids / bad_words / min_tokens, are marked the same way)
+    masked = set()
+    for name in ("grammar", "bias"):
+        stage = _stage(sampling, name)
+        if stage is not None:
+            masked |= {i for i, k in zip(ids, stage.kept) if not k}
     outline = dict(color=[FORCED_COLOR if forced is not None and i == forced.token else "#222" for i in ids],
                    width=[2.5 if i in (chosen, emitted) else 0 for i in ids])
     custom = [[ids[k], labels[k], _row_role(ids[k], chosen, forced, t) + (t["key_masked"] if ids[k] in masked else "")]

@@ -13,8 +13,9 @@ from .logits import FORCED_COLOR, Forced, row_role
 from ..i18n import texts
 
 CHAIN_ORDER = ("logits", "penalties", "temperature", "min_p", "top_k", "top_p")
-# a constrained request's trace has one more stage, the grammar's mask, right after the raw logits (engine/sampling.py)
-GRAMMAR_ORDER = ("logits", "grammar", *CHAIN_ORDER[1:])
+# a constrained request's trace has one more stage, the grammar's mask, right after the raw logits, and a request
+# with vLLM's extras (logit_bias, allowed_token_ids, bad_words, min_tokens) the bias stage after it (engine/sampling.py)
+GRAMMAR_ORDER = ("logits", "grammar", "bias", *CHAIN_ORDER[1:])
 KEPT_COLOR = "#4C78A8"
 WHAT_IF_COLOR = "#FF7F0E"
 U_COLOR = "#FF7F0E"
@@ -129,7 +130,7 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
 
     tok = plain(texts[ids.index(chosen)] if chosen in ids else f"#{chosen}")
     title = tx["chain_title"].format(tok=tok, p=sampling.chosen_prob, rank=sampling.chosen_rank)
-    grammar_line = _grammar_line(sampling, tx)
+    grammar_line = "<br>".join(line for line in (_grammar_line(sampling, tx), _bias_line(sampling, tx)) if line)
     if grammar_line:
         title += "<br>" + grammar_line
     extra, shapes = {}, []
@@ -143,7 +144,8 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
     # from the top: the title (common.layout adds a line for each line it wraps; a forced token's title has
     # two), the what-if badge, the two rows of stage headers; the plot is tall enough for its rows and for the
     # axis title along it
-    top = (ABOVE_PLOT + 18 * (forced is not None) + 18 * bool(grammar_line) + 2 * HEADER_ROW
+    top = (ABOVE_PLOT + 18 * (forced is not None) + 18 * (grammar_line.count("<br>") + bool(grammar_line))
+           + 2 * HEADER_ROW
            + (BADGE_ROW if what_if else 0))
     bottom = 45
     plot_height = max(330, 18 * n + 30)
@@ -191,6 +193,25 @@ def _grammar_line(sampling: SamplingTrace, tx: dict) -> str:
     return tx["grammar_line"].format(allowed=st.num_kept, vocab=sampling.vocab_size,
                                      masked=len(masked_by_grammar(sampling)), n=len(sampling.token_ids),
                                      mass=st.mass_removed, ms=g.mask_ms if g is not None else 0.0)
+
+
+def banned_by_bias(sampling: SamplingTrace | None) -> set[int]:
+    """The tracked tokens the bias stage banned at this step (logit_bias -100 is a ban in all but name: it is
+    kept, with its tiny probability; allowed_token_ids, bad_words and min_tokens' held-back EOS are -inf)."""
+    st = next((s for s in (sampling.stages if sampling is not None else ()) if s.name == "bias"), None)
+    if st is None:
+        return set()
+    return {t for t, kept in zip(sampling.token_ids, st.kept) if not kept}
+
+
+def _bias_line(sampling: SamplingTrace, tx: dict) -> str:
+    """One line under the title for a step with the bias stage: tokens left, top tokens banned, mass moved."""
+    st = next((s for s in sampling.stages if s.name == "bias"), None)
+    if st is None:
+        return ""
+    return tx["bias_line"].format(allowed=st.num_kept, vocab=sampling.vocab_size,
+                                  banned=len(banned_by_bias(sampling)), n=len(sampling.token_ids),
+                                  mass=st.mass_removed)
 
 
 def _role(token: int, chosen: int, forced: Forced | None, tx: dict) -> str:
