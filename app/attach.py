@@ -68,15 +68,21 @@ class AttachRun:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """{quantity: value} from Prometheus text: each QUANTITIES entry found under any engine's name (samples with
-    labels are summed, as a server with several models or engines reports one per label set)."""
-    values: dict[str, float] = {}
+    """{quantity: value} from Prometheus text: each QUANTITIES entry found under any engine's name.
+
+    One reading per quantity: a server may write a family under two prefixes (this lab's `--metrics-prefix both`,
+    the default, writes `inferlab:NAME` and `vllm:NAME`) or under two of its names (vLLM with its deprecated
+    gpu_cache_usage_perc shown beside kv_cache_usage_perc), and adding those up would count it twice. So the
+    `vllm:` reading is taken where there is one (what vLLM itself sends), else the `inferlab:` one, else every
+    prefix found; of the names under it, the first QUANTITIES lists. The samples of that one name are summed over
+    their labels, as a server with several models or engines reports one per label set."""
+    readings: dict[str, dict[tuple[str, str], float]] = {}  # quantity -> {(prefix, name): value summed over labels}
     by_suffix = {name: q for q, names in QUANTITIES.items() for name in names}
     for line in text.splitlines():
         m = _SAMPLE.match(line)
         if not m:
             continue
-        name = m.group(1).split(":")[-1]
+        prefix, _, name = m.group(1).rpartition(":")
         q = by_suffix.get(name)
         if q is None:
             continue
@@ -85,10 +91,24 @@ def parse_metrics(text: str) -> dict[str, float]:
         except ValueError:
             continue
         if math.isfinite(v):
-            values[q] = values.get(q, 0.0) + v
+            got = readings.setdefault(q, {})
+            got[prefix, name] = got.get((prefix, name), 0.0) + v
+    values = {q: _one_reading(QUANTITIES[q], got) for q, got in readings.items()}
     if "hit_rate" not in values and values.get("prefix_queries"):
         values["hit_rate"] = values.get("prefix_hits", 0.0) / values["prefix_queries"]
     return values
+
+
+PREFERRED_PREFIXES = ("vllm", "inferlab")  # whichever comes first is read when a server writes both
+
+
+def _one_reading(names: tuple[str, ...], got: dict[tuple[str, str], float]) -> float:
+    """The value of one quantity from its readings {(prefix, name): value}: one prefix and one name (see
+    parse_metrics)."""
+    prefixes = {prefix for prefix, _ in got}
+    chosen = next(({p} for p in PREFERRED_PREFIXES if p in prefixes), prefixes)
+    name = next(n for n in names if any((p, n) in got for p in chosen))
+    return sum(got[p, name] for p in chosen if (p, name) in got)
 
 
 class AttachTarget:

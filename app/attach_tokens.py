@@ -2,10 +2,10 @@
 here, else through the attached server's tokenize endpoint, else a note saying why there are no tokens.
 
 `load_tokenizer` finds the tokenizer from whatever the server reports as its model: llama.cpp's servers report
-the GGUF path they were started with (read through the engine's loader when it is the bundled GGUF, else from the
-GGUF's own tokenizer metadata), a directory holds tokenizer files or a GGUF, a hub id is read from this machine's
-Hugging Face cache or downloaded. A path that is not on this machine, or a hub id that cannot be had offline, ends
-in the server's endpoint below.
+the GGUF path they were started with, a directory holds tokenizer files or a GGUF (both read by the engine's
+loader, engine.loader.load_tokenizer: the GGUF's own tokenizer metadata, cached as tokenizer.json), a hub id is
+read from this machine's Hugging Face cache or downloaded. A path that is not on this machine, or a hub id that
+cannot be had offline, ends in the server's endpoint below.
 
 Servers tokenize under different routes and shapes, tried in this order (the first that answers is kept):
 * `POST /tokenize` in vLLM's shape ({"model", "messages", "add_generation_prompt", "return_token_strs"} ->
@@ -18,7 +18,6 @@ SGLang (older versions) has neither: the note says the server exposes no tokeniz
 """
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 from dataclasses import dataclass
@@ -58,51 +57,21 @@ def display_name(model: str) -> str:
     return re.split(r"[\\/]", model.rstrip("/\\"))[-1] or model
 
 
-def _gguf_tokenizer(gguf: Path):
-    """The tokenizer inside a GGUF file. The bundled GGUF through the engine's loader (engine.loader.bundled_dir:
-    its tokenizer.json, cached at the first load); any other GGUF the way that loader reads one
-    (`from_pretrained(dir, gguf_file=...)`), cached here as tokenizer.json by file, size and time."""
-    from engine.loader import ModelLoadError, bundled_dir, bundled_gguf_path, cache_root
-
-    try:
-        if gguf.resolve() == bundled_gguf_path().resolve():
-            return AutoTokenizer.from_pretrained(str(bundled_dir()))
-    except ModelLoadError:
-        pass  # no bundled model installed: this GGUF is read like any other
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    cached = cache_root() / "gguf-tokenizers" / key
-    if (cached / "tokenizer_config.json").exists():
-        return AutoTokenizer.from_pretrained(str(cached))
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    try:
-        tok.save_pretrained(str(cached))
-    except OSError:
-        pass  # a read-only cache: the next attach reads the GGUF again
-    return tok
-
-
 def load_tokenizer(model: str, online: bool = True):
     """The tokenizer of the model a server names: "bundled" (or the lab's own model name), a GGUF file, a directory
     holding tokenizer files or a GGUF, or a hub id (from this machine's Hugging Face cache, else downloaded when
     `online`). Raises ValueError with a sentence for the page when none of these gives one."""
     from engine.loader import BUNDLED, BUNDLED_ID, bundled_dir
+    from engine.loader import load_tokenizer as local_tokenizer
 
     name = model.strip()
     if name in (BUNDLED, BUNDLED_ID, BUNDLED_ID.split(" (")[0]):
         return AutoTokenizer.from_pretrained(str(bundled_dir()))
     path = Path(name).expanduser()
-    if path.is_file():
-        if path.suffix.lower() != ".gguf":
-            raise ValueError(f"{display_name(name)} is a file but not a GGUF: no tokenizer can be read from it")
-        return _gguf_tokenizer(path)
-    if path.is_dir():
-        if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-            return AutoTokenizer.from_pretrained(str(path))
-        ggufs = sorted(path.glob("*.gguf"))
-        if ggufs:
-            return _gguf_tokenizer(ggufs[0])
-        raise ValueError(f"the directory {name} holds no tokenizer files and no GGUF")
+    if path.is_file() or path.is_dir():
+        # a GGUF file, or a directory of tokenizer files or a GGUF: the engine's loader reads it (a ModelLoadError
+        # is a ValueError whose sentence the page shows)
+        return local_tokenizer(path)
     if is_path_like(name):
         raise ValueError(f"{name} is a path, and there is no such file or directory on this machine (a server's "
                          "own files cannot be read from here)")

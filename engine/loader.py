@@ -116,11 +116,11 @@ def _load_dir(directory: Path, model_id: str, progress: Progress) -> LoadedModel
 
 def _build_bundled_cache(cache_dir: Path, progress: Progress) -> None:
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     gguf = bundled_gguf_path()
     progress(0.05, "First run: reading the tokenizer from the GGUF file (≈5 s)")
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = _read_gguf_tokenizer(gguf)
     progress(0.25, "First run: dequantising Q4_1 weights to float32 (≈15 s, cached afterwards)")
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     progress(0.8, "Writing the cache")
@@ -137,6 +137,19 @@ def _build_bundled_cache(cache_dir: Path, progress: Progress) -> None:
     # The GGUF config has no sane name; keep its provenance in a file of our own.
     (tmp / "inferlab_source.json").write_text(json.dumps({"model_id": BUNDLED_ID, "gguf": str(gguf)}))
     tokenizer.save_pretrained(str(tmp))
+    _publish(tmp, cache_dir)
+
+
+def _read_gguf_tokenizer(gguf: Path):
+    """The tokenizer in a GGUF file's metadata, built by transformers (≈5 s for the bundled GGUF): callers cache it
+    with save_pretrained (tokenizer.json and its config) and read that afterwards."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def _publish(tmp: Path, cache_dir: Path) -> None:
+    """Move a fully written cache directory into place (a reader never sees a half-written one)."""
     if cache_dir.exists():
         import shutil
 
@@ -151,6 +164,54 @@ def bundled_dir(progress: Progress = _noop) -> Path:
         cache_dir.parent.mkdir(parents=True, exist_ok=True)
         _build_bundled_cache(cache_dir, progress)
     return cache_dir
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer of a model on this machine: a GGUF file, or a directory holding tokenizer files or a GGUF.
+
+    The bundled GGUF's comes from the bundled cache (bundled_dir). Any other GGUF's is read from the file's own
+    metadata once, as the bundled one is, and cached as tokenizer.json under cache_root()/gguf-tokenizers, keyed by
+    the file's path, size and modification time; later calls read that cache. Raises ModelLoadError (a
+    ValueError) with a sentence for a person when the path gives no tokenizer."""
+    import hashlib
+
+    from transformers import AutoTokenizer
+
+    path = Path(path).expanduser()
+    if path.is_dir():
+        if any((path / f).exists() for f in TOKENIZER_FILES):
+            return AutoTokenizer.from_pretrained(str(path))
+        ggufs = sorted(path.glob("*.gguf"))
+        if not ggufs:
+            raise ModelLoadError(f"the directory {path} holds no tokenizer files and no GGUF")
+        path = ggufs[0]
+    if not path.is_file():
+        raise ModelLoadError(f"no file or directory at {path}")
+    if path.suffix.lower() != ".gguf":
+        raise ModelLoadError(f"{path.name} is a file but not a GGUF: no tokenizer can be read from it")
+    try:
+        if path.resolve() == bundled_gguf_path().resolve():
+            return AutoTokenizer.from_pretrained(str(bundled_dir()))
+    except ModelLoadError:
+        pass  # no bundled model installed: this GGUF is read like any other
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cache_dir = cache_root() / "gguf-tokenizers" / key
+    if (cache_dir / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(str(cache_dir))
+    tokenizer = _read_gguf_tokenizer(path)
+    tmp = cache_dir.with_name(f"{key}.tmp{os.getpid()}")
+    try:
+        tokenizer.save_pretrained(str(tmp))
+        _publish(tmp, cache_dir)
+    except OSError:  # a read-only cache, or another process publishing the same cache at once
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)  # the tokenizer read here still serves
+    return tokenizer
 
 
 def load(source: str = BUNDLED, progress: Progress | None = None) -> LoadedModel:

@@ -145,6 +145,9 @@ def test_metrics_of_other_engines_are_read_under_their_names():
     lines = ApiMetrics().lines()
     assert parse_metrics("\n".join(lines)) == {}  # the API's counters name no room quantity
     vllm = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\nvllm:num_requests_running{model_name="m"} 3'
+    # vLLM shows its deprecated gpu_cache_usage_perc beside kv_cache_usage_perc (--show-hidden-metrics-for-version):
+    # one quantity under two names, read once
+    assert parse_metrics(vllm + '\nvllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.25')["kv_usage"] == 0.25
     sglang = "sglang:token_usage 0.5\nsglang:num_queue_reqs 2\nsglang:cache_hit_rate 0.4"
     llama = "llamacpp:kv_cache_usage_ratio 0.125\nllamacpp:requests_processing 1\nllamacpp:requests_deferred 0"
     assert parse_metrics(vllm) == {"kv_usage": 0.25, "running": 3.0}
@@ -152,6 +155,39 @@ def test_metrics_of_other_engines_are_read_under_their_names():
     assert parse_metrics(llama) == {"kv_usage": 0.125, "running": 1.0, "waiting": 0.0}
     hits = "vllm:prefix_cache_queries_total 200\nvllm:prefix_cache_hits_total 50"
     assert parse_metrics(hits)["hit_rate"] == 0.25
+
+
+def test_metrics_of_a_lab_writing_both_prefixes_are_read_once(base_engine):
+    """A lab attached to another lab: the target's /metrics (app/metrics_api.render on a real room, as
+    app/ops_api.py renders it) writes every family as inferlab:NAME and as vllm:NAME{model_name,engine} by
+    default; KV usage, requests running and waiting and the prefix cache are each read once, equal to what the
+    room's engine holds and to what --metrics-prefix vllm or inferlab alone give."""
+    from app.attach import parse_metrics
+    from app.metrics_api import PREFIXES, ApiMetrics, render
+    from app.session import LabSession, new_room
+    from engine import SamplingParams
+
+    room = new_room(base_engine, 32 * 2**20)
+    try:
+        tabs = [LabSession.create(room) for _ in range(3)]
+        for s, prompt in zip(tabs, ("What is gravity?", "Что такое гравитация?", PROMPT)):
+            s.add_request(prompt, SamplingParams(max_tokens=16, temperature=0.0), True, None)
+        for s in tabs[:2]:  # two prefilled and running; the third never stepped (waiting)
+            s.step()
+        engine = room.engine
+        states = [engine.seq_view(sid).status for sid in engine.seq_ids()]
+        kv = engine.kv_stats()
+        api = ApiMetrics()
+        read = {kind: parse_metrics(render(room, api, "SmolLM2", PREFIXES[kind])) for kind in PREFIXES}
+    finally:
+        room.close()
+    both = read["both"]
+    assert both["running"] == states.count("running") == 2
+    assert both["waiting"] == states.count("waiting") == 1
+    assert 0 < both["kv_usage"] == round(kv.used / kv.num_blocks, 6) < 1
+    assert both["prefix_queries"] == kv.prefix_query_tokens > 0 and both["prefix_hits"] == kv.prefix_hit_tokens
+    assert both["preemptions"] == kv.preemptions
+    assert read["vllm"] == both == read["inferlab"]
 
 
 def test_every_follower_sends_one_request_to_the_attached_server(attached):
