@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 import json
 
 from engine import MAX_STOP_CHARS, MAX_STOP_STRINGS, Grammar, SamplingParams
+from engine.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_DEPTH
 from engine.sampling import (MAX_BAD_WORDS, MAX_LOGIT_BIAS, MAX_PROMPT_LOGPROBS, MAX_STOP_TOKEN_IDS)
 
 from .session import MAX_PROMPT_CHARS
@@ -611,7 +612,12 @@ def _grammar(key: str, value, where: str) -> Grammar:
     """The engine's Grammar for one constraint; its own checks (size, nesting, llguidance's validation) speak."""
     try:
         if key == "json":
-            return Grammar.json_schema(value)
+            if isinstance(value, str) and len(value) <= MAX_GRAMMAR_CHARS:  # a schema as JSON text (vLLM allows it)
+                try:
+                    value = json.loads(value)
+                except (ValueError, RecursionError):
+                    pass  # Grammar.json_schema says what is wrong with it
+            return Grammar.json_schema(_closed(value) if value is not ANY_JSON_OBJECT else value)
         if key == "choice":
             return Grammar.choice(value)
         if not isinstance(value, str):
@@ -621,6 +627,35 @@ def _grammar(key: str, value, where: str) -> Grammar:
         raise
     except (TypeError, ValueError) as exc:
         raise ApiError(f"{where}: {str(exc)[:400]}", where, "invalid_value") from None
+
+
+_SCHEMA_DATA = {"const", "enum", "default", "examples"}
+_SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+
+
+def _closed(schema, depth: int = 0):
+    """The schema with `additionalProperties: false` on every object that lists its properties and says nothing
+    of others. JSON Schema allows extra keys by default, and a small model takes them ({"name", "age",
+    "skills": [...]} for "name, age"); vLLM's default structured-output backend (xgrammar's strict mode) admits
+    only the listed properties, and OpenAI's strict schemas say so explicitly. Deeper than the grammar's nesting
+    limit it stops: Grammar.json_schema refuses such a schema anyway."""
+    if depth > MAX_SCHEMA_DEPTH:
+        return schema
+    if isinstance(schema, list):
+        return [_closed(x, depth + 1) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k in _SCHEMA_DATA:
+            out[k] = v  # values, not schemas
+        elif k in _SCHEMA_MAPS and isinstance(v, dict):  # name -> schema: a property may be named "properties"
+            out[k] = {name: _closed(sub, depth + 1) for name, sub in v.items()}
+        else:
+            out[k] = _closed(v, depth + 1)
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _prompts(v, limits: ApiLimits, vocab_size: int) -> tuple[Prompt, ...]:

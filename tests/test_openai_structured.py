@@ -219,3 +219,29 @@ def test_chat_template_switches_and_neutral_fields(client, tokenizer):
     assert plain.usage.prompt_tokens == len(tokenizer.apply_chat_template(QUESTION, tokenize=True)["input_ids"])
     same = ask(client, max_tokens=4, temperature=0, parallel_tool_calls=False, metadata={"team": "lab"})
     assert same.choices[0].message.content == ask(client, max_tokens=4, temperature=0).choices[0].message.content
+
+
+def test_an_object_that_lists_its_properties_gets_no_others(client):
+    # llm --schema 'name, age int' sends this (no additionalProperties): JSON Schema would allow any other key,
+    # and a small model adds some; as vLLM's default backend, only the listed properties are admitted
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+              "required": ["name", "age"]}
+    for seed in (0, 1, 2):
+        r = ask(client, messages=[{"role": "user", "content": "Invent a person with skills."}], max_tokens=100,
+                temperature=0.8, seed=seed,
+                response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+        assert set(json.loads(r.choices[0].message.content)) == {"name", "age"}
+
+
+def test_closing_objects_leaves_data_and_explicit_choices_alone():
+    from app.openai_schema import _closed
+
+    schema = {"type": "object", "properties": {"properties": {"type": "object", "properties": {"a": {}}},
+                                               "open": {"type": "object", "properties": {}, "additionalProperties": True},
+                                               "e": {"enum": [{"properties": {}}]}}}
+    out = _closed(schema)
+    assert out["additionalProperties"] is False and out["properties"]["properties"]["additionalProperties"] is False
+    assert out["properties"]["open"]["additionalProperties"] is True  # what the schema says stands
+    assert out["properties"]["e"] == {"enum": [{"properties": {}}]}  # a value, not a schema
+    assert _closed({"type": "object"}) == {"type": "object"}  # json_object: any object
