@@ -116,6 +116,8 @@ UI = {
     "room_more": {"en": "+{n} more", "ru": "ещё {n}"},
     "room_step": {"en": "step", "ru": "шаг"},
     "room_seq": {"en": "seq", "ru": "посл."},
+    # a sequence held to a grammar (an API client's structured output, a tab's grammar box): its kind only
+    "room_constrained": {"en": " · constrained: {kind}", "ru": " · с ограничением: {kind}"},
     "room_batch": {"en": "Who is in each step", "ru": "Кто в каждом шаге"},
     "room_batch_title": {"en": "Who is in each step: one block per sequence, coloured by tab (last {n} steps)",
                          "ru": "Кто в каждом шаге: блок на последовательность, цвет — вкладка (последние {n} шагов)"},

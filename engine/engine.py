@@ -1101,9 +1101,12 @@ class Engine:
         named = {*self.blocks.block_tables, *(s.seq_id for s in self.scheduler.waiting), *(e.seq_id for e in seq_events),
                  *preempted, *finished}
         owners = {sid: self.sequences[sid].owner for sid in sorted(named) if sid in self.sequences}
+        # the kind of a sequence's grammar ("json_schema", ...; "" when unconstrained) is in the brief too: the
+        # room view says which of an API client's sequences are structured outputs without showing their text
         batch = [{"seq_id": e.seq_id, "owner": owners.get(e.seq_id, ""), "phase": e.phase,
                   "num_processed": e.num_processed, "num_drafted": 0 if e.spec is None else e.spec.num_drafted,
-                  "num_emitted": (1 if e.new_token is not None else 0) if e.spec is None else e.spec.num_emitted}
+                  "num_emitted": (1 if e.new_token is not None else 0) if e.spec is None else e.spec.num_emitted,
+                  "grammar": self._grammar_kind(e.seq_id)}
                  for e in seq_events]
         return StepEvent(
             step=self.step_index, seqs=seq_events, owners=owners, batch=batch,
@@ -1112,6 +1115,10 @@ class Engine:
             kv=self.kv_stats(), blocks=self.blocks.block_states(),
             block_tables={k: list(v) for k, v in self.blocks.block_tables.items()},
             timing=timing, cost=cost, model={"id": self.model_id, "device": self.device})
+
+    def _grammar_kind(self, seq_id: int) -> str:
+        g = self.sequences[seq_id].params.grammar if seq_id in self.sequences else None
+        return "" if g is None else g.kind
 
     def kv_block_states(self) -> list[dict]:
         """Every block of the pool: id, refcount, state (used/cached/free), hashed, the sequences holding it."""

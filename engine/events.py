@@ -223,7 +223,7 @@ class StepEvent(Record):
     model: dict = field(default_factory=dict)  # model id and spec, filled on every event for replay
     version: int = EVENT_VERSION
     # An engine serving several owners: the owner of every sequence this event names (seq id -> owner), and
-    # the whole batch in brief (seq_id, owner, phase, num_processed, num_drafted, num_emitted), which stays
+    # the whole batch in brief (seq_id, owner, phase, num_processed, num_drafted, num_emitted, grammar), which stays
     # whole in an owner's share (`for_owner`) so a tab sees who else was in its step without their contents.
     owners: dict[int, str] = field(default_factory=dict)
     batch: list[dict] = field(default_factory=list)

@@ -77,7 +77,8 @@ def to_record(ev, t_):
     return {"step": ev.step, "t": t_, "step_ms": ev.timing.step_ms,
             "batch": [{"seq_id": b["seq_id"], "owner": b["owner"],
                        "phase": "verify" if b.get("num_drafted") else b["phase"],
-                       "num_processed": b["num_processed"], "num_emitted": b["num_emitted"]} for b in ev.batch],
+                       "num_processed": b["num_processed"], "num_emitted": b["num_emitted"],
+                       "grammar": b["grammar"]} for b in ev.batch],
             "admitted": [{"seq_id": s, "owner": who(s)} for s in ev.admitted],
             "preempted": [{"seq_id": s, "owner": who(s)} for s in ev.preempted],
             "finished": [{"seq_id": s, "owner": who(s), "reason": reasons.get(s) or "abort"} for s in ev.finished],
@@ -450,3 +451,19 @@ def test_a_live_tab_draws_its_room_and_its_replay_says_it_cannot(base_engine):
     assert t("room_replay", "ru") in page["html"]["html-room-log"]
     for cid in render.PANEL_CHARTS["room"]:
         assert page["figs"][cid]["data"] == [] and t("room_replay", "ru")[:30] in _note(page["figs"][cid])
+
+
+def test_the_batch_strip_says_which_sequences_are_held_to_a_grammar(base_engine):
+    from engine import Grammar
+
+    eng = base_engine.session()
+    eng.add_request("Is water wet?", SamplingParams(max_tokens=4, temperature=0.0,
+                                                    grammar=Grammar.choice(["yes", "no"])), owner="api 1")
+    eng.add_request("What is gravity?", SamplingParams(max_tokens=2, temperature=0.0), owner=ME)
+    ev = eng.step()
+    assert {b["owner"]: b["grammar"] for b in ev.batch} == {"api 1": "choice", ME: ""}
+    fig = room.batch_strip_chart([to_record(ev, 1.0)], me=ME)
+    lines = {cd[0]: cd[5] for cd in fig["data"][0]["customdata"]}
+    assert lines["api 1"] == " · constrained: choice" and lines[room.owner_name(ME, ME, "en")] == ""
+    ru = room.batch_strip_chart([to_record(ev, 1.0)], me=ME, lang="ru")
+    assert " · с ограничением: choice" in [cd[5] for cd in ru["data"][0]["customdata"]]

@@ -3,7 +3,8 @@
 Everything here reads the room's own records (app/room.py makes them; no token text is in them):
 `records`, one dict per engine step, oldest first —
     {"step", "t" (wall clock at the step's end), "step_ms",
-     "batch": [{"seq_id", "owner", "phase" ("prefill" | "decode" | "verify"), "num_processed", "num_emitted"}],
+     "batch": [{"seq_id", "owner", "phase" ("prefill" | "decode" | "verify"), "num_processed", "num_emitted",
+                "grammar" (the kind of its structured-output constraint, "" for none)}],
      "admitted" / "preempted": [{"seq_id", "owner"}], "finished": [{"seq_id", "owner", "reason"}],
      "waiting": [{"seq_id", "owner"}] (queue order after the step), "held" (running sequences not in the step),
      "pool": {"num_blocks", "used", "cached", "free", "shared", "hit_tokens", "prompt_tokens", "hit_rate"}};
@@ -141,7 +142,7 @@ def batch_segments(records, me: str = "") -> list[dict]:
             out.append({"step": int(rec.get("step", 0)), "base": i, "seq_id": int(b.get("seq_id", 0)),
                         "owner": str(b.get("owner", "")), "phase": str(b.get("phase", "decode")),
                         "num_processed": int(b.get("num_processed", 0) or 0),
-                        "num_emitted": int(b.get("num_emitted", 0) or 0)})
+                        "num_emitted": int(b.get("num_emitted", 0) or 0), "grammar": str(b.get("grammar") or "")})
     return out
 
 
@@ -150,7 +151,7 @@ def batch_strip_chart(records, me: str = "", lang: str = "en", replay: bool = Fa
     coloured by owner; prefill solid, decode faded, speculative verify hatched; this tab's segments outlined.
 
     One bar trace "batch": x = step, y = 1, base = the segment's place; customdata per segment = [owner as
-    shown, seq id, phase (localised), tokens processed, tokens emitted]."""
+    shown, seq id, phase (localised), tokens processed, tokens emitted, its constraint's line ("" for none)]."""
     records = list(records or [])
     if not records:
         return empty(t("room_batch", lang), _note(lang, replay), UIREV_BATCH)
@@ -167,8 +168,10 @@ def batch_strip_chart(records, me: str = "", lang: str = "en", replay: bool = Fa
                     line=dict(color=[ME_LINE if me and s["owner"] == me else "#FFFFFF" for s in segs],
                               width=[2 if me and s["owner"] == me else 0.5 for s in segs])),
         customdata=[[markup(owner_name(s["owner"], me, lang)), s["seq_id"], phase_name.get(s["phase"], s["phase"]),
-                     s["num_processed"], s["num_emitted"]] for s in segs],
-        hovertemplate=(f"<b>%{{customdata[0]}}</b> · {t('room_seq', lang)} %{{customdata[1]}}<br>%{{customdata[2]}}"
+                     s["num_processed"], s["num_emitted"],
+                     t("room_constrained", lang).format(kind=s["grammar"]) if s["grammar"] else ""] for s in segs],
+        hovertemplate=(f"<b>%{{customdata[0]}}</b> · {t('room_seq', lang)} %{{customdata[1]}}%{{customdata[5]}}"
+                       f"<br>%{{customdata[2]}}"
                        f"<br>%{{customdata[3]}} {t('room_processed', lang)} · %{{customdata[4]}} "
                        f"{t('room_emitted', lang)}<br>{t('room_step', lang)} %{{x}}<extra></extra>"))]
     rows = _key_rows(_owners_key({s["owner"] for s in segs}, me, lang), lang)
