@@ -948,10 +948,10 @@ UI = {
                               "ru": "грамматика: разрешено {allowed:,} из {vocab:,} токенов · {masked} из {n} "
                                     "показанных отсечены · −{mass:.1%} массы · маска {ms:.2f} мс"},
     # vLLM's request extras (logit_bias, allowed_token_ids, bad_words, min_tokens): the bias stage's line
-    "sampling.bias_line": {"en": "bias: {allowed:,} of {vocab:,} tokens left · {banned} of the {n} shown banned · "
-                                 "−{mass:.1%} of the mass",
-                           "ru": "смещение: осталось {allowed:,} из {vocab:,} токенов · {banned} из {n} показанных "
-                                 "запрещены · −{mass:.1%} массы"},
+    "sampling.bias_line": {"en": "bias: {allowed:,} of {vocab:,} tokens left · of the {n} shown {banned} banned, "
+                                 "{down} pushed down, {up} up",
+                           "ru": "смещение: осталось {allowed:,} из {vocab:,} токенов · из {n} показанных {banned} "
+                                 "запрещены, {down} понижены, {up} повышены"},
     "sampling.cdf_masked": {"en": "masked by the grammar, not in the draw: {n} of the top tokens ({names})",
                             "ru": "отсечены грамматикой и не участвуют в выборе: {n} из топ-токенов ({names})"},
     "sampling.logit": {"en": "logit", "ru": "логит"},

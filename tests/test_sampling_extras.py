@@ -162,9 +162,11 @@ def test_the_sampling_chain_chart_draws_the_bias_stage(engine):
     from app.charts import logits as logits_chart
     from app.charts import sampling as chart
 
-    base = greedy(engine, QUESTION, max_tokens=2)
-    banned = base.token_ids[0]
-    rid = engine.add_request(QUESTION, SamplingParams(max_tokens=1, temperature=0.0, logit_bias={banned: 2.0},
+    plain = engine.add_request(QUESTION, SamplingParams(max_tokens=1, temperature=0.0))
+    first = engine.step().seq(plain).sampling
+    banned, runner_up, third = first.token_ids[:3]  # the model's three favourites for the first token
+    rid = engine.add_request(QUESTION, SamplingParams(max_tokens=1, temperature=0.0,
+                                                      logit_bias={runner_up: 2.0, third: -1.0},
                                                       bad_words=[engine.token_text(banned).strip()]))
     tr = engine.step().seq(rid).sampling
     names = [s.name for s in tr.stages]
@@ -176,7 +178,9 @@ def test_the_sampling_chain_chart_draws_the_bias_stage(engine):
     assert bars[BIAS_STAGE]["x"] == bias.probs
     assert banned in chart.banned_by_bias(tr)
     title = fig["layout"]["title"]["text"].replace("<br>", " ")  # titles wrap (common.TITLE_CHARS)
-    assert f"{len(chart.banned_by_bias(tr))} of the {len(tr.token_ids)} shown banned" in title
+    # the bad word's token banned, the runner-up pushed up, the third down
+    assert f"of the {len(tr.token_ids)} shown {len(chart.banned_by_bias(tr))} banned, 1 pushed down, 1 up" in title
+    assert tr.chosen == runner_up
     ru = chart.sampling_chain_chart(tr, lang="ru")
     assert "смещение" in ru["layout"]["title"]["text"] and "bias" in ru["data"][1]["name"]
     # the logits chart greys the banned rows as it greys a grammar's masked ones

@@ -205,13 +205,19 @@ def banned_by_bias(sampling: SamplingTrace | None) -> set[int]:
 
 
 def _bias_line(sampling: SamplingTrace, tx: dict) -> str:
-    """One line under the title for a step with the bias stage: tokens left, top tokens banned, mass moved."""
-    st = next((s for s in sampling.stages if s.name == "bias"), None)
-    if st is None:
+    """One line under the title for a step with the bias stage: tokens left, and of the tokens shown how many it
+    banned and how many logit_bias pushed down or up (against the stage before it, the raw or masked logits)."""
+    stages = _ordered_stages(sampling)
+    k = next((i for i, s in enumerate(stages) if s.name == "bias"), None)
+    if not k:
         return ""
+    st, before = stages[k], stages[k - 1]
+    down = up = 0
+    for new, old, kept in zip(st.logits, before.logits, st.kept):
+        if kept and new is not None and old is not None and new != old:
+            down, up = down + (new < old), up + (new > old)
     return tx["bias_line"].format(allowed=st.num_kept, vocab=sampling.vocab_size,
-                                  banned=len(banned_by_bias(sampling)), n=len(sampling.token_ids),
-                                  mass=st.mass_removed)
+                                  banned=len(banned_by_bias(sampling)), n=len(sampling.token_ids), down=down, up=up)
 
 
 def _role(token: int, chosen: int, forced: Forced | None, tx: dict) -> str:
