@@ -62,17 +62,24 @@ def app_process(args: list[str], log: Path, ready: str = "/healthz"):
             proc.kill()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """(url, log path): `python -m app --api-key KEY` until the module ends."""
-    log = tmp_path_factory.mktemp("api") / "server.log"
-    with app_process(["--api-key", KEY, "--kv-memory-mb", "128"], log) as url:
-        yield url, log
+def module_server(name: str):
+    """The fixtures `server` ((url, log path): `python -m app --api-key KEY` until the module ends) and `client`
+    (the official client on it; max_retries=0: a 5xx must show, not be retried away) for a test module. Each
+    module has a server of its own: tests count what their own requests did to /metrics."""
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory):
+        log = tmp_path_factory.mktemp(name) / "server.log"
+        with app_process(["--api-key", KEY, "--kv-memory-mb", "128"], log) as url:
+            yield url, log
+
+    @pytest.fixture(scope="module")
+    def client(server):
+        return openai.OpenAI(base_url=server[0] + "/v1", api_key=KEY, max_retries=0, timeout=300)
+
+    return server, client
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server[0] + "/v1", api_key=KEY, max_retries=0, timeout=300)
+server, client = module_server("api")
 
 
 @pytest.fixture(scope="module")

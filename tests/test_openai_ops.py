@@ -10,21 +10,12 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from test_openai_api import KEY, MODEL, QUESTION, app_process
+from test_openai_api import KEY, MODEL, QUESTION, app_process, module_server
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("ops") / "server.log"
-    with app_process(["--api-key", KEY, "--kv-memory-mb", "128"], log) as url:
-        yield url, log
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server[0] + "/v1", api_key=KEY, max_retries=0, timeout=300)
+server, client = module_server("ops")
 
 
 def scrape(url: str) -> dict:

@@ -14,31 +14,10 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from test_openai_api import KEY, MODEL, QUESTION, app_process
+from test_openai_api import MODEL, QUESTION, module_server, tokenizer  # noqa: F401 - tokenizer is a fixture
 
 RAIN = "Write a poem about rain."  # a raw completion whose greedy first token is <|im_end|>
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("structured") / "server.log"
-    with app_process(["--api-key", KEY, "--kv-memory-mb", "128"], log) as url:
-        yield url, log
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    # max_retries=0: a 5xx must show here, not be retried away (the SDK retries 5xx twice by default)
-    return openai.OpenAI(base_url=server[0] + "/v1", api_key=KEY, max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from engine.loader import bundled_dir
-
-    return AutoTokenizer.from_pretrained(str(bundled_dir()))
+server, client = module_server("structured")
 
 
 def ask(client, **kw):
