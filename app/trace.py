@@ -24,11 +24,13 @@ import gzip
 import json
 import math
 import os
+import re
 import threading
 import time
 import zlib
 import types
 import typing
+from collections import deque
 from dataclasses import asdict, fields, is_dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,6 +46,7 @@ from engine.tokenizer import token_info
 
 from .i18n import Phrase, Refusal
 from .render import _default_word, prompt_words
+from . import session as _session
 from .session import LabSession, RequestInfo, last_seq_event
 
 FORMAT = "inferlab-trace"
@@ -67,6 +70,18 @@ MAX_TRACE_DEPTH = 32  # the exporter's documents nest 10 deep; the loader's own 
 MAX_EXPORT_ATTENTION_BYTES = 32 << 20
 MAX_POSITION = 1 << 24  # positions, lengths and counts in a trace (no model here has contexts near it)
 MAX_ARRAY_DIMS = 4
+# What a trace may describe is bounded by what the engine that wrote it could have had, checked before the bulk is
+# decoded. Its "engine" record (written since issue 36) names the pool, the batch and the context; a trace without
+# one is held to the absolute caps. A 2,000,000-block trace (45 MB, a 4 MB gzip upload, under the byte and value
+# limits) took 11 s to load, kept +750 MB in its tab and drew 92 MB payloads per step before these bounds.
+MAX_TRACE_POOL_BLOCKS = 1 << 15  # KV blocks in one step's pool: 512k tokens at 16 per block (the lab's is ~700)
+MAX_TRACE_SEQS = 1024  # sequences in one step's batch (engine.MAX_NUM_SEQS)
+MAX_TRACE_BLOCK_SIZE = 1024  # tokens per block (engine.MAX_BLOCK_SIZE)
+# Claims of packed blocks in the text, found before json.loads (and while gunzipping): the exporter's spelling.
+# A JSON string cannot hold an unescaped quote, so a match is a key (or an over-count: only a refusal, never a pass);
+# a key spelled with escapes is still caught after parsing, before any block is decoded.
+_BLOCKS_CLAIM = re.compile(rb'"__blocks__"\s*:\s*(\d{1,12})')
+_BLOCKS_CLAIM_TEXT = re.compile(_BLOCKS_CLAIM.pattern.decode())
 P16_SCALE = 65535
 # Largest difference between a replayed and a live attention chart value (weights and entropy bits): the p16
 # error plus one unit of the charts' 4-digit rounding (a value near a rounding boundary can land either side).
@@ -136,6 +151,7 @@ def export_trace(lab: "LabSession | ReplaySession", *, attention: str = "p16", w
             "event_version": EVENT_VERSION,
             "attention_encoding": attention,
             "model": {"id": eng.model_id, "device": eng.device, "spec": _encode(asdict(eng.spec), attention)},
+            "engine": _engine_record(eng),
             "requests": requests,
             "frames": frames,
             "vocab": vocab,
@@ -143,6 +159,14 @@ def export_trace(lab: "LabSession | ReplaySession", *, attention: str = "p16", w
             "bpe": _encode(bpe, attention),
         }
         return _fit(doc)
+
+
+def _engine_record(eng) -> dict:
+    """What the engine could hold, which bounds what a trace of it may describe (checked by _trace_bounds)."""
+    return {"num_blocks": int(eng.blocks.num_blocks), "block_size": int(eng.block_size),
+            "max_num_seqs": int(eng.scheduler.max_num_seqs),
+            "max_num_batched_tokens": int(eng.scheduler.max_num_batched_tokens),
+            "max_model_len": int(eng.max_model_len)}
 
 
 def _size(v: Any) -> tuple[int, int]:
@@ -324,8 +348,16 @@ def _pack_blocks(blocks: Any) -> dict | None:
             "owner_counts": ints([len(b["owners"]) for b in blocks])}
 
 
-def _unpack_blocks(d: dict) -> list[dict]:
+def _unpack_blocks(d: dict, max_blocks: int = MAX_TRACE_POOL_BLOCKS) -> list[dict]:
+    return _block_dicts(*_block_columns(d, max_blocks))
+
+
+def _block_columns(d: dict, max_blocks: int = MAX_TRACE_POOL_BLOCKS) -> tuple[dict, str]:
+    """A packed step's columns, checked, without a dict per block (a replay builds those only for the frame it
+    shows). The claimed count is checked against `max_blocks` before any column is decoded."""
     n = d.get("__blocks__")
+    if _is_int(n, 0, MAX_POSITION) and n > max_blocks:
+        raise ValueError(f"a step holds {n:,} KV blocks; the trace's engine had at most {max_blocks:,}")
     cols = {k: _unpack(d[k]) if isinstance(d.get(k), dict) else None
             for k in ("id", "refcount", "hashed", "owners", "owner_counts")}
     state = d.get("state")
@@ -335,6 +367,10 @@ def _unpack_blocks(d: dict) -> list[dict]:
             (cols["owner_counts"] < 0).any() or int(cols["owner_counts"].sum()) != len(cols["owners"]) or \
             not set(state) <= set(BLOCK_STATES):
         raise ValueError("a step's KV blocks are damaged")
+    return cols, state
+
+
+def _block_dicts(cols: dict, state: str) -> list[dict]:
     owners = cols["owners"].tolist()
     ends = np.cumsum(cols["owner_counts"]).tolist()
     return [{"id": i, "refcount": rc, "state": BLOCK_STATES[st], "hashed": bool(h), "owners": owners[e - c:e]}
@@ -378,10 +414,11 @@ def parse_trace(data: str | bytes | bytearray | os.PathLike) -> dict:
     if isinstance(data, (bytes, bytearray)):
         data = bytes(data)
         if data[:2] == b"\x1f\x8b":
-            data = _gunzip(data)
+            data = _gunzip(data)  # claims of blocks are checked chunk by chunk as they come out
         if len(data) > MAX_TRACE_BYTES:
             raise TraceError(f"the trace is larger than {MAX_TRACE_BYTES >> 20} MiB")
         _count_values(data)
+        _check_block_claims(data)
         try:
             data = data.decode("utf-8-sig")
         except UnicodeDecodeError:
@@ -391,6 +428,7 @@ def parse_trace(data: str | bytes | bytearray | os.PathLike) -> dict:
     if len(data) > MAX_TRACE_BYTES:
         raise TraceError(f"the trace is larger than {MAX_TRACE_BYTES >> 20} MiB")
     _count_values(data)
+    _check_block_claims(data)
     try:
         doc = json.loads(data, parse_constant=_no_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
@@ -417,6 +455,17 @@ def _count_values(data: str | bytes) -> None:
         if count > MAX_TRACE_VALUES:
             raise TraceError(f"the trace has more than {MAX_TRACE_VALUES:,} JSON values (an InferLab trace has "
                              "far fewer)")
+
+
+def _check_block_claims(data: str | bytes, start: int = 0) -> None:
+    """Refuse a step's packed KV blocks past MAX_TRACE_POOL_BLOCKS from the text, before anything is parsed (a
+    regex scan: ~30 ms for 45 MB, no allocation beyond the matches). Matches ending before `start` were seen
+    already (the overlap _gunzip keeps between chunks)."""
+    pattern = _BLOCKS_CLAIM if isinstance(data, bytes) else _BLOCKS_CLAIM_TEXT
+    for m in pattern.finditer(data):
+        if m.end() > start and int(m.group(1)) > MAX_TRACE_POOL_BLOCKS:
+            raise TraceError(f"a step of the trace holds {int(m.group(1)):,} KV blocks; no engine InferLab runs "
+                             f"has more than {MAX_TRACE_POOL_BLOCKS:,}")
 
 
 def _no_constant(name: str):
@@ -467,7 +516,7 @@ def _gunzip(data: bytes) -> bytes:
     """The unpacked bytes, 1 MiB at a time: a bomb is refused once MAX_TRACE_BYTES are out, having held no more
     than that (one call with a max_length grows its buffer to twice the limit first)."""
     out = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    chunks, size, tail = [], 0, data
+    chunks, size, tail, seen = [], 0, data, b""
     try:
         while tail and not out.eof:
             chunk = out.decompress(tail, 1 << 20)
@@ -475,6 +524,10 @@ def _gunzip(data: bytes) -> bytes:
             size += len(chunk)
             if size > MAX_TRACE_BYTES:
                 raise TraceError(f"the trace is larger than {MAX_TRACE_BYTES >> 20} MiB once unpacked")
+            # a packed-block bomb stops at its first oversized step, before the rest is even unpacked; the last
+            # bytes of the previous chunk go along, so a claim cut between two chunks is still read whole
+            _check_block_claims(seen + chunk, len(seen))
+            seen = chunk[-48:]
             chunks.append(chunk)
     except zlib.error:
         raise TraceError("the trace's gzip data is damaged") from None
@@ -509,6 +562,10 @@ class ReplaySession:
         except Exception as exc:  # a hole in the checks below: still one line, and still a TraceError
             raise TraceError(f"the trace is damaged ({type(exc).__name__}: {_first_line(exc)})") from None
         # the attributes a UI handler touches on a live session
+        # SessionRegistry.renew carries these page settings from a tab's session to its fresh one (Reset, the
+        # preemption demo): Reset after a replay read `speculative` of a ReplaySession, which had none
+        self.speculative = None  # a replay starts no requests: no drafter
+        self.preview = None  # the prompt box's preview: a replay shows its own prompts
         self.lock = threading.RLock()
         self.sent_html: dict = {}
         self.sent_figs: dict = {}
@@ -539,23 +596,49 @@ class ReplaySession:
             info = _check_request(r, f"request {i}")
             self._requests[info.seq_id] = info
             self.request_params[info.seq_id] = r.get("params") if isinstance(r.get("params"), dict) else None
+        self.bounds = bounds = _trace_bounds(doc, spec)
+        frames = _list(doc["frames"], "frames")
+        if len(frames) > _session.MAX_EVENTS:  # a live tab keeps this many steps, and the export writes no more
+            raise TraceError(f"the trace has {len(frames):,} frames; a lab session keeps at most "
+                             f"{_session.MAX_EVENTS:,} steps")
         self._events: list[StepEvent] = []
         self._views: list[dict] = []
-        for i, frame in enumerate(_list(doc["frames"], "frames")):
+        # Each step's KV blocks stay as the document holds them (packed columns, or v1's list) and become dicts
+        # only for the frame shown (the KV charts read the newest event's blocks alone): 400 steps of a 700-block
+        # pool are 280,000 dicts (~100 MB) otherwise. _blocks_shown is the event that holds them now.
+        self._raw_blocks: list[Any] = []
+        self._blocks_shown: StepEvent | None = None
+        captured: deque[StepEvent] = deque()  # the events that still hold attention, oldest first
+        capture_bytes = 0
+        for i, frame in enumerate(frames):
             where = f"frame {i} of the trace"
             if not isinstance(frame, dict) or not isinstance(frame.get("event"), dict) or \
                     not isinstance(frame.get("view"), dict):
                 raise TraceError(f"{where} is damaged (it needs an event and a view object)")
             try:
-                event = _decode(frame["event"])
+                raw = frame["event"]
+                _check_step_bounds(raw, bounds)  # counts only: nothing decoded yet
+                event = _decode({k: v for k, v in raw.items() if k != "blocks"})
+                event["blocks"] = []
                 _check_record(event, StepEvent, "event")
+                _check_step_sizes(event, bounds)
                 for j, s in enumerate(event.get("seqs") or []):
                     if s.get("capture") is not None:
                         _check_capture(s["capture"], f"event.seqs[{j}].capture", self._num_layers, self._num_heads)
-                self._events.append(StepEvent.from_dict(event))
+                self._raw_blocks.append(_check_blocks(raw.get("blocks"), bounds["num_blocks"]))
+                ev = StepEvent.from_dict(event)
+                self._events.append(ev)
                 self._views.append(self._check_view(_decode(frame["view"])))
             except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
                 raise TraceError(f"{where} is damaged ({_why(exc)})") from None
+            # a live tab's capture budget (LabSession._keep_capture_budget): the oldest steps lose their attention
+            held = ev.capture_nbytes()
+            capture_bytes += held
+            if held:
+                captured.append(ev)
+            while capture_bytes > _session.SESSION_CAPTURE_BYTES and len(captured) > 1:
+                capture_bytes -= captured.popleft().drop_captures()
+        self.capture_bytes = capture_bytes
 
     def _check_view(self, view: dict) -> dict:
         seqs = {}
@@ -642,12 +725,26 @@ class ReplaySession:
         pass
 
     def _apply(self, pos: int) -> None:
+        self._show_blocks(pos - 1)
         self._pos = pos
         view = self._views[pos - 1] if pos > 0 else {"focus": None, "seqs": {}, "what_if": None}
         self._seqs = view["seqs"]
         self.events = self._events[:pos]
         self.what_if = view["what_if"]
         self._focus = self._chosen if self._chosen in self._seqs else view["focus"]
+
+    def _show_blocks(self, index: int) -> None:
+        """The KV blocks of frame `index` as dicts on its event (the KV charts read the newest shown event's);
+        the event that held them before gives them back."""
+        ev = self._events[index] if 0 <= index < len(self._events) else None
+        if ev is self._blocks_shown:
+            return
+        if self._blocks_shown is not None:
+            self._blocks_shown.blocks = []
+        if ev is not None:
+            raw = self._raw_blocks[index]
+            ev.blocks = _block_dicts(*raw) if isinstance(raw, tuple) else [dict(b) for b in raw]
+        self._blocks_shown = ev
 
     # ---- the LabView protocol -----------------------------------------------------------------------
     @property
@@ -952,6 +1049,62 @@ def _check_capture(c: dict, path: str, num_layers: int, num_heads: int) -> None:
         _array(emb, f"{path}.embeddings", 2, np.floating)
         if emb.shape[0] != len(positions):
             raise ValueError(f"{path}.embeddings has shape {list(emb.shape)}")
+
+
+def _trace_bounds(doc: dict, spec: dict) -> dict:
+    """What the engine that wrote the trace could have had: its "engine" record (checked against the absolute
+    caps), else the caps themselves and the model's context (traces written before the record)."""
+    context = spec.get("max_position")
+    context = context if _is_int(context, 1, MAX_POSITION) else MAX_POSITION
+    caps = {"num_blocks": MAX_TRACE_POOL_BLOCKS, "block_size": MAX_TRACE_BLOCK_SIZE, "max_num_seqs": MAX_TRACE_SEQS,
+            "max_num_batched_tokens": MAX_POSITION, "max_model_len": context}
+    record = doc.get("engine")
+    if record is None:
+        return caps
+    if not isinstance(record, dict):
+        raise TraceError("the trace's engine record must be an object")
+    out = {}
+    for key, cap in caps.items():
+        v = record.get(key)
+        if not _is_int(v, 1, cap):
+            raise TraceError(f"the trace's engine record is damaged ({key} must be 1..{cap:,}, got {str(v)[:20]})")
+        out[key] = v
+    return out
+
+
+def _check_step_bounds(raw: dict, bounds: dict) -> None:
+    """A frame's counts within what its engine could hold, from the undecoded event (a packed step's block count
+    is read, not its columns)."""
+    blocks = raw.get("blocks")
+    n = blocks.get("__blocks__") if isinstance(blocks, dict) else len(blocks) if isinstance(blocks, list) else None
+    if _is_int(n) and n > bounds["num_blocks"]:
+        raise ValueError(f"the step holds {n:,} KV blocks; the trace's engine had at most {bounds['num_blocks']:,}")
+    for name in ("seqs", "batch", "running"):
+        v = raw.get(name)
+        if isinstance(v, list) and len(v) > bounds["max_num_seqs"]:
+            raise ValueError(f"the step runs {len(v):,} sequences ({name}); the trace's engine ran at most "
+                             f"{bounds['max_num_seqs']:,}")
+
+
+def _check_step_sizes(event: dict, bounds: dict) -> None:
+    """Positions within the engine's context, and a step's tokens within what its batch could hold."""
+    context = bounds["max_model_len"]
+    for j, s in enumerate(event.get("seqs") or []):
+        for name in ("prompt_len", "num_tokens"):
+            if _is_int(s.get(name)) and s[name] > context:
+                raise ValueError(f"event.seqs[{j}].{name} is {s[name]:,}, past the model's context of {context:,}")
+    tokens = (event.get("cost") or {}).get("tokens")
+    if _is_int(tokens) and tokens > bounds["max_num_seqs"] * context:
+        raise ValueError(f"the step computed {tokens:,} tokens, more than its engine could batch")
+
+
+def _check_blocks(raw: Any, max_blocks: int) -> Any:
+    """A step's blocks checked as the document holds them: packed columns -> (columns, states), decoded without
+    a dict per block; a version-1 list of block objects -> that list (already parsed)."""
+    if isinstance(raw, dict) and "__blocks__" in raw:
+        return _block_columns(raw, max_blocks)
+    _check_value(raw, list[dict], "event.blocks")
+    return raw
 
 
 def _array(a: Any, where: str, ndim: int, kind: type) -> None:

@@ -218,11 +218,39 @@ def compile_grammar(grammar: Grammar, tokenizer, vocab_size: int, eos_ids: Seque
         if fresh.is_error():
             raise ValueError(f"grammar ({grammar.kind}) cannot be used with this tokenizer: "
                              f"{_first_lines(fresh.get_error())}")
+        _check_start(grammar, fresh, vocab_size, eos_ids)
         with _lock:
             _compiled[key] = fresh
             while len(_compiled) > _COMPILED_CACHE:
                 _compiled.popitem(last=False)
     return GrammarMatcher(grammar, fresh, vocab_size)
+
+
+def _check_start(grammar: Grammar, fresh, vocab_size: int, eos_ids: Sequence[int]) -> None:
+    """Refuse a grammar that validates but cannot start an output (once, at compile: compiled ones are cached).
+
+    Validation reads the grammar alone; that it matches nothing shows only at the first mask. `start: x`,
+    `x: x` (a rule that never ends), `[^\\x00-\\x{10FFFF}]` (an empty class), a schema that is only `{"$ref": "#"}`:
+    the matcher allows no token at the start and goes into an error state, and every later step of the sequence
+    failed with "refused tokens it had validated". `(a{1000}){1000}` allows its first token but overflows
+    llguidance's lexer limits when consuming it ("too many expressions constructed"), so one allowed token is
+    consumed on a copy too. Both cost a mask (~ms; ~1 s for that regex, bounded by llguidance's lexer fuel)."""
+    probe = fresh.deep_copy()  # the cached start state is never consumed into
+    words = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
+    probe.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+    label = f"grammar ({grammar.kind}) {grammar.describe(40).split(': ', 1)[-1]!r}"
+    if probe.is_error():
+        raise ValueError(f"{label} matches no text: no token can start it")  # llguidance says only NoExtensionBias
+    allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size])
+    eos = {int(t) for t in eos_ids}
+    first = next((int(t) for t in allowed if int(t) not in eos), None)
+    if first is None:
+        if probe.is_accepting():
+            return  # only the empty output matches: the sequence ends at once, which is no fault
+        raise ValueError(f"{label} matches no text: no token can start it")
+    if not probe.consume_tokens([first]) or probe.is_error():
+        why = (probe.get_error().strip().splitlines() or ["its limits"])[0][:200]
+        raise ValueError(f"{label} is too large for the grammar engine to follow ({why})")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -477,3 +477,39 @@ def test_examples_and_pair_are_valid_grammars():
         ex.PAIR_SCHEMA["required"])}, sort_keys=True)  # one schema
     a, b = ex.pair_system(ex.PAIR_SCHEMA), ex.pair_system(ex.PAIR_SHUFFLED)
     assert a[:2] == b[:2] and a[2] != b[2]  # they part at the first key: no KV block can be shared
+
+
+# ---- grammars that validate but match nothing (issue 36) ---------------------------------------------------------
+# Each passed Grammar's validation and used to make every later step of its sequence fail with "grammar matcher
+# refused tokens it had validated". They are refused when compiled, by add_request, with nothing added.
+MATCH_NOTHING = [
+    (lambda: Grammar.ebnf("start: x\nx: x"), "matches no text"),  # a rule that never ends
+    (lambda: Grammar.regex(r"[^\x00-\x{10FFFF}]"), "matches no text"),  # a class of no character
+    (lambda: Grammar.json_schema({"$ref": "#"}), "matches no text"),  # a schema that is only itself
+    (lambda: Grammar.regex("(a{1000}){1000}"), "too large for the grammar engine"),  # past the lexer's limits
+]
+
+
+@pytest.mark.parametrize("make, message", MATCH_NOTHING)
+def test_a_grammar_that_matches_nothing_is_refused_by_add_request(engine, make, message):
+    grammar = make()  # validation alone cannot tell: it needs the tokenizer's first mask
+    with pytest.raises(ValueError, match=message) as info:
+        engine.add_request("Say something.", greedy(8, grammar=grammar))
+    text = str(info.value)
+    assert text.startswith(f"grammar ({grammar.kind})") and "\n" not in text and len(text) < 400
+    assert engine.seq_ids() == [] and not engine.has_unfinished() and engine._grammars == {}
+    # the engine stays usable: a normal grammar right after runs and parses
+    sid = engine.add_request("When did the first person land on the Moon? Give the date.",
+                             greedy(16, grammar=Grammar.regex(DATE)))
+    _fullmatch(DATE, run(engine, [sid])[0][0].text)
+
+
+def test_a_refused_grammar_is_not_cached_and_an_empty_match_is_no_fault(engine):
+    with pytest.raises(ValueError, match="matches no text"):
+        engine.add_request("Hi", greedy(4, grammar=Grammar.regex(r"[^\x00-\x{10FFFF}]")))
+    with pytest.raises(ValueError, match="matches no text"):  # refused again, not served from the cache
+        engine.add_request("Hi", greedy(4, grammar=Grammar.regex(r"[^\x00-\x{10FFFF}]")))
+    assert not any(key[0] == Grammar.regex(r"[^\x00-\x{10FFFF}]") for key in G._compiled)
+    # a grammar whose only match is the empty output accepts at the start: the sequence simply ends
+    sid = engine.add_request("Hi", greedy(4, grammar=Grammar.regex("a{0}")))
+    assert run(engine, [sid])[0][0].text == ""

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from app import render
+from app import session as S
 from app import trace as T
 from app.session import LabSession
 from app.trace import TraceError, export_trace, load_trace
@@ -268,9 +269,9 @@ def test_a_version_1_trace_still_loads(good):
                 s["capture"].pop(key)
     assert isinstance(old["frames"][0]["event"]["blocks"][0], dict)
     new, then = load_trace(good[1]), load_trace(dumps(old))
-    for r in (new, then):
-        r.seek(r.num_frames)
-    assert [e.to_dict()["blocks"] for e in new.events] == [e.to_dict()["blocks"] for e in then.events]
+    for pos in range(1, new.num_frames + 1):  # a replay builds the shown frame's block dicts only
+        new.seek(pos), then.seek(pos)
+        assert new.events[-1].to_dict()["blocks"] == then.events[-1].to_dict()["blocks"] != []
     assert json.dumps(render.build_payload(new, "ru", 3, 2, "", None, MACHINE)) == \
         json.dumps(render.build_payload(then, "ru", 3, 2, "", None, MACHINE))
 
@@ -387,3 +388,110 @@ def test_the_export_leaves_out_the_oldest_frames_past_the_limits(good, monkeypat
     assert replay.num_frames == 2 and replay.info()["frames_dropped"] == len(doc["frames"]) - 2
     replay.seek(2)
     assert set(render.build_payload(replay, "en", 3, 2, "", None, MACHINE)["figs"]) == set(render.CHART_IDS)
+
+
+# ---- what a trace may describe, and what a replay may hold (issue 36) --------------------------------------------
+
+def packed_blocks(n: int, pool: int = 364) -> dict:
+    """A step's packed KV blocks as the exporter writes them (_pack_blocks), built from columns: n blocks, one
+    owner each."""
+    ids = np.arange(n, dtype=np.int64) % pool
+    return {"__blocks__": n, "id": T._pack(ids), "refcount": T._pack(np.ones(n, np.int64)), "state": "u" * n,
+            "hashed": T._pack(np.zeros(n, np.int64)), "owners": T._pack(np.zeros(n, np.int64)),
+            "owner_counts": T._pack(np.ones(n, np.int64))}
+
+
+def measured(data):
+    """refused(data) with its time and its tracemalloc peak."""
+    import time
+    tracemalloc.start()
+    t = time.perf_counter()
+    try:
+        msg = refused(data)
+        seconds, peak = time.perf_counter() - t, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return msg, seconds, peak
+
+
+def test_the_trace_records_its_engine(good):
+    eng = good[0]["engine"]
+    assert eng["num_blocks"] == len(T._unpack_blocks(good[0]["frames"][0]["event"]["blocks"]))
+    assert 1 <= eng["max_num_seqs"] <= T.MAX_TRACE_SEQS and eng["max_num_batched_tokens"] >= 1
+    assert eng["block_size"] >= 1 and eng["max_model_len"] >= 1
+    assert load_trace(good[1]).bounds == eng
+
+
+def test_a_packed_block_bomb_is_refused_before_decoding(good):
+    """The issue's trace: 2,000,000 packed KV blocks, 45 MB (a 4 MB gzip upload), under the byte and value limits.
+    It loaded in 11 s and kept +750 MB; now it is refused from the text, while gunzipping, in well under a
+    second and without building anything of it."""
+    doc = fresh(good)
+    doc["frames"][0]["event"]["blocks"] = packed_blocks(2_000_000)
+    text = dumps(doc)
+    packed = gzip.compress(text.encode(), 6)
+    assert 40 << 20 < len(text) < T.MAX_TRACE_BYTES and len(packed) < 6 << 20
+    assert sum(text.count(c) for c in ",:[{") < T.MAX_TRACE_VALUES
+    for data in (packed, text):
+        msg, seconds, peak = measured(data)
+        assert "2,000,000 KV blocks" in msg and f"{T.MAX_TRACE_POOL_BLOCKS:,}" in msg
+        assert seconds < 1.0 and peak < 50 << 20, (seconds, peak)
+    # spelled with an escape, the claim passes the text scan; the parsed count is still refused before its
+    # columns are decoded (what decoding would allocate: 2,000,000 dicts, ~750 MB)
+    escaped = text.replace('"__blocks__"', '"\\u005f_blocks__"', 1)
+    msg, seconds, peak = measured(escaped)
+    assert "2,000,000 KV blocks" in msg and peak < 3 * len(escaped), peak
+    still_loads(good)
+
+
+def test_a_step_past_its_own_engine_is_refused(good):
+    """Within the absolute caps, but more than the engine the trace names could have had."""
+    pool = good[0]["engine"]["num_blocks"]
+    doc = fresh(good)
+    doc["frames"][1]["event"]["blocks"] = packed_blocks(pool + 1, pool)
+    assert f"{pool + 1:,} KV blocks; the trace's engine had at most {pool:,}" in refused(dumps(doc))
+    doc = fresh(good)
+    seqs = doc["frames"][1]["event"]["seqs"]
+    doc["frames"][1]["event"]["seqs"] = seqs * (doc["engine"]["max_num_seqs"] + 1)
+    assert "sequences" in refused(dumps(doc))
+    doc = fresh(good)
+    doc["frames"][1]["event"]["seqs"][0]["num_tokens"] = doc["engine"]["max_model_len"] + 1
+    assert "past the model's context" in refused(dumps(doc))
+    for bad in ({**doc["engine"], "num_blocks": T.MAX_TRACE_POOL_BLOCKS + 1}, {"num_blocks": 8}, [1], 7):
+        doc = fresh(good)
+        doc["engine"] = bad
+        assert "engine record" in refused(dumps(doc))
+    doc = fresh(good)  # a trace written before the engine record: held to the absolute caps
+    del doc["engine"]
+    assert load_trace(dumps(doc)).bounds["num_blocks"] == T.MAX_TRACE_POOL_BLOCKS
+    doc["frames"][0]["event"]["blocks"] = packed_blocks(T.MAX_TRACE_POOL_BLOCKS + 1)
+    assert "KV blocks" in refused(dumps(doc))
+
+
+def test_a_replay_holds_what_a_live_tab_holds(good, monkeypatch):
+    """Block dicts for the shown frame only (the KV charts read the newest shown event's), at most MAX_EVENTS
+    frames, and a live tab's capture budget: the oldest frames lose their attention first."""
+    replay = load_trace(good[1])
+    frames = good[0]["frames"]
+    for pos in (1, 3, replay.num_frames, 2):
+        replay.seek(pos)
+        holding = [i for i, e in enumerate(replay._events) if e.blocks]
+        assert holding == [pos - 1]
+        assert replay.events[-1].blocks == T._unpack_blocks(frames[pos - 1]["event"]["blocks"])
+    replay.seek(replay.num_frames)
+    assert set(render.build_payload(replay, "en", 3, 2, "", None, MACHINE)["figs"]) == set(render.CHART_IDS)
+
+    # room for the newest two frames' attention (a capture's other parts, the lens and norms, are never dropped)
+    events = load_trace(good[1])._events
+    held = sum(e.capture_nbytes() for e in events)
+    monkeypatch.setattr(S, "SESSION_CAPTURE_BYTES", held - sum(e.drop_captures() for e in events[:-2]))
+    small = load_trace(good[1])
+    kept = [bool(s.capture.attention) for e in small._events for s in e.seqs if s.capture is not None]
+    assert kept == [False] * (len(kept) - 2) + [True, True]
+    assert small.capture_bytes <= S.SESSION_CAPTURE_BYTES
+    small.seek(small.num_frames)
+    title = render.build_payload(small, "en", 3, 2, "", None, MACHINE)["figs"]["chart-attention"]["layout"]["title"]
+    assert "freed later (capture budget)" in title["text"].replace("<br>", " ")
+
+    monkeypatch.setattr(S, "MAX_EVENTS", len(frames) - 1)
+    assert f"has {len(frames)} frames; a lab session keeps at most {len(frames) - 1}" in refused(good[1])

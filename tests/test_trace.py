@@ -251,3 +251,27 @@ def test_bad_traces_are_one_line_errors(live):
         assert isinstance(info.value, ValueError)
     with pytest.raises(TraceError, match="version must be"):
         ReplaySession({**good, "version": "1"})
+
+
+def test_reset_after_a_replay_returns_to_a_live_session(live, base_engine):
+    """Reset on a tab showing a loaded trace read the live session's `speculative` setting off the ReplaySession
+    ("AttributeError: 'ReplaySession' object has no attribute 'speculative'"). It gives the tab a fresh live
+    session, as Reset does after a live one, through the same command the Reset button runs."""
+    from app import commands as cmd
+    from app.session import SessionRegistry
+
+    registry = SessionRegistry(base_engine, kv_memory=8 * 1024 * 1024)
+    key = "tab-with-a-trace"
+    registry.get(key)
+    replay = load_trace(dumps(export_trace(live["lab"])))
+    replay.seek(replay.num_frames)
+    registry.put(key, replay)
+    out = cmd.apply(registry.peek(key), cmd.Reset(), cmd.Context(registry=registry, key=key))
+    fresh = out.session
+    assert isinstance(fresh, LabSession) and registry.peek(key) is fresh and fresh.events == []
+    assert fresh.speculative is None and fresh.tab_key == key
+    rid = fresh.add_request(EN, SamplingParams(max_tokens=2, temperature=0.0), True, None)
+    assert fresh.step() is not None and rid in fresh.requests  # the tab runs again
+    # a replay that is no tab's (the presenter's script) resets in place, back to before its first frame
+    assert cmd.apply(replay, cmd.Reset()).session is replay and replay.position == 0
+    registry.drop(key)
