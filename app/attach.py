@@ -7,18 +7,31 @@ token's top-N log-probabilities as the server reports them, arrival times measur
 server's /metrics into a bounded time series of the quantities serving engines export under their own names
 (vLLM, SGLang, llama.cpp, this lab). What the server does not expose — attention, block tables, the logit lens —
 is not invented: app/charts/attach.py says so.
+
+Where the page may point it (`POST /attach/target`): `parse_target_url` normalises the URL (a numeric host in any
+spelling the resolver takes, `0x7f000001`, `2130706433`, `127.1`, `[::ffff:127.0.0.1]`, becomes its one plain
+form) and `TargetPolicy` judges every address the host resolves to, never the string: loopback, the server
+`--attach` named at start, and what $INFERLAB_ATTACH_ALLOW lists. Redirects are never followed, so an allowed
+server cannot send the lab's requests on to an address the policy refuses.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
+import logging
 import math
+import os
 import re
+import socket
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import httpx
+
+log = logging.getLogger("inferlab")
 
 MAX_PROMPT_CHARS = 20000
 MAX_TOKENS = 2048
@@ -111,6 +124,139 @@ def _one_reading(names: tuple[str, ...], got: dict[tuple[str, str], float]) -> f
     return sum(got[p, name] for p in chosen if (p, name) in got)
 
 
+MAX_URL_CHARS = 300
+LOOPBACK_NETWORKS = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+_HOST_NAME = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,62}\.?)*$")
+
+
+def _numeric_host(host: str):
+    """The address a numeric host names, in any spelling the system's resolver takes (inet_aton's: hex, octal,
+    one number, fewer than four parts); None for a name. An IPv4-mapped IPv6 address is its IPv4 one: that is
+    where a connection to it goes."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except (OSError, UnicodeError, ValueError):
+        return None
+    return _plain(ipaddress.ip_address(infos[0][4][0].split("%", 1)[0]))
+
+
+def _plain(address):
+    return address.ipv4_mapped if address.version == 6 and address.ipv4_mapped else address
+
+
+def parse_target_url(url) -> str:
+    """An attach target's URL, checked and normalised: http(s), a host, no credentials, query or fragment, at most
+    300 characters; scheme and host in lower case, a numeric host in its plain form, a name in IDNA's ASCII, no
+    trailing slash or /v1. ValueError (its message names the URL) otherwise."""
+    if not isinstance(url, str) or not 0 < len(url.strip()) <= MAX_URL_CHARS:
+        raise ValueError(f"the server's URL must be 1 to {MAX_URL_CHARS} characters")
+    text = url.strip()
+    if any(c.isspace() or ord(c) < 32 or c == "\\" for c in text):
+        raise ValueError("the server's URL must not hold spaces, control characters or backslashes")
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("the server's URL must start with http:// or https:// and name a host")
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment \
+            or "@" in parts.netloc:
+        raise ValueError("the server's URL must carry no user, password, query or fragment (the key has its own "
+                         "field)")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError("the server's URL has a port that is not a number from 0 to 65535") from None
+    if port == 0:
+        raise ValueError("the server's URL has port 0, which no server listens on")
+    address = _numeric_host(parts.hostname)
+    if address is not None:
+        host = f"[{address}]" if address.version == 6 else str(address)
+    else:
+        try:
+            host = parts.hostname.encode("idna").decode("ascii").lower()
+        except UnicodeError:
+            raise ValueError("the server's URL names a host that is not a valid host name") from None
+        if not _HOST_NAME.match(host):
+            raise ValueError("the server's URL names a host that is not a valid host name")
+    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
+    return f"{scheme}://{host}{'' if port is None else f':{port}'}{path}"
+
+
+def resolve(url: str) -> list:
+    """Every address the URL's host resolves to (IPv4-mapped ones as IPv4), as a connection would look it up;
+    ValueError when it resolves to none."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise ValueError(f"the server's host {parts.hostname!r} does not resolve here ({exc})") from None
+    out = []
+    for info in infos:
+        a = _plain(ipaddress.ip_address(info[4][0].split("%", 1)[0]))
+        if a not in out:
+            out.append(a)
+    if not out:
+        raise ValueError(f"the server's host {parts.hostname!r} resolves to no address")
+    return out
+
+
+class TargetPolicy:
+    """The addresses the attach page may be pointed at from the page (the operator's own --attach URL is not
+    judged: they chose it). Loopback, the addresses the start server resolved to, and `allow` (networks,
+    addresses or host names, e.g. from $INFERLAB_ATTACH_ALLOW). A host is judged by every address it resolves
+    to, so no spelling of an address (or a name that resolves to one) gets past a refusal; an unspecified,
+    multicast or broadcast address (0.0.0.0, which Linux connects to this machine) is no server's and always
+    refused."""
+
+    def __init__(self, allow=(), loopback: bool = True):
+        self.networks: list = list(LOOPBACK_NETWORKS) if loopback else []
+        for entry in allow:
+            self.allow(entry)
+
+    def allow(self, entry: str) -> None:
+        """Add a network ('10.0.0.0/8'), an address, or a host name (its addresses now)."""
+        entry = str(entry).strip()
+        if not entry:
+            return
+        try:
+            self.networks.append(ipaddress.ip_network(entry, strict=False))
+            return
+        except ValueError:
+            pass
+        url = parse_target_url(entry if "://" in entry else f"http://{entry}")
+        for a in resolve(url):
+            self.networks.append(ipaddress.ip_network(a))
+
+    def allow_url(self, url: str) -> None:
+        """Allow the addresses `url`'s host resolves to (the server attached at start: the page may come back)."""
+        for a in resolve(url):
+            self.networks.append(ipaddress.ip_network(a))
+
+    def check(self, url: str) -> list:
+        """The addresses of `url`'s host; ValueError naming the first one refused (then nothing is contacted)."""
+        host = urlsplit(url).hostname
+        addresses = resolve(url)
+        for a in addresses:
+            if a.is_unspecified or a.is_multicast or a == ipaddress.ip_address("255.255.255.255"):
+                raise ValueError(f"the server's host {host!r} is {a}, which is no server's address")
+            if not any(a.version == n.version and a in n for n in self.networks):
+                what = f"address {a} is" if host.strip("[]") == str(a) else f"host {host!r} resolves to {a},"
+                raise ValueError(f"the server's {what} where this attach page may not send requests: it may reach "
+                                 "this machine, the server it was started with, and what the operator lists in "
+                                 "$INFERLAB_ATTACH_ALLOW")
+        return addresses
+
+    @classmethod
+    def from_environment(cls) -> "TargetPolicy":
+        policy = cls()
+        for entry in os.environ.get("INFERLAB_ATTACH_ALLOW", "").split(","):
+            try:
+                policy.allow(entry)
+            except ValueError as exc:  # a name that does not resolve now: said at start, not fatal
+                log.warning("INFERLAB_ATTACH_ALLOW entry %r skipped: %s", entry.strip()[:80], exc)
+        return policy
+
+
 class AttachTarget:
     def __init__(self, url: str, api_key: str | None = None, model: str | None = None):
         self.url = url.rstrip("/").removesuffix("/v1")
@@ -126,7 +272,7 @@ class AttachTarget:
 
     def resolve_model(self, timeout: float = 30) -> str:
         """--model, else the first model the server's /v1/models lists (read either way: the server must answer)."""
-        r = httpx.get(self.url + "/v1/models", headers=self.headers, timeout=timeout)
+        r = httpx.get(self.url + "/v1/models", headers=self.headers, timeout=timeout, follow_redirects=False)
         r.raise_for_status()
         if not self.model:
             self.model = r.json()["data"][0]["id"]
@@ -145,7 +291,7 @@ class AttachTarget:
             self._scraped = time.time()
             self.scrapes += 1
         try:
-            r = httpx.get(self.url + "/metrics", headers=self.headers, timeout=10)
+            r = httpx.get(self.url + "/metrics", headers=self.headers, timeout=10, follow_redirects=False)
             if r.status_code in ABSENT_STATUS:
                 with self._lock:
                     lo, hi = ABSENT_BACKOFF_S
@@ -174,7 +320,7 @@ class AttachTarget:
         sent = time.perf_counter()
         try:
             with httpx.stream("POST", self.url + "/v1/chat/completions", json=body, headers=self.headers,
-                              timeout=httpx.Timeout(30, read=600)) as r:
+                              timeout=httpx.Timeout(30, read=600), follow_redirects=False) as r:
                 if r.status_code != 200:
                     r.read()
                     run.error = _error_text(r)

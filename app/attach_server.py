@@ -7,7 +7,10 @@ another token; `GET /attach/metrics` (polled by the page) the server's /metrics 
 time is the expected use (a lecturer's laptop); a few requests at once are allowed, more are refused.
 `POST /attach/target` points the page at another server: allowed when this page's server listens on this
 machine only (127.0.0.1), else only with the presenter token, so that a public deployment does not become a
-way to reach any address. Lecture mode's room load (followers at /follow): app/attach_room.py.
+way to reach any address; either way only to an address app/attach.py's TargetPolicy allows (judged by what the
+host resolves to). Every POST passes app/web_guard.py first (a JSON content type, no foreign page's Origin): a
+page on another site cannot make its visitor's browser switch the target or send prompts. Lecture mode's room
+load (followers at /follow): app/attach_room.py.
 """
 from __future__ import annotations
 
@@ -18,12 +21,11 @@ import logging
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 from fastapi import Request
 
-from .attach import MAX_PROMPT_CHARS, MAX_TOKENS, MAX_TOP, AttachTarget
+from .attach import MAX_PROMPT_CHARS, MAX_TOKENS, MAX_TOP, AttachTarget, TargetPolicy, parse_target_url
 from .attach_room import check_token, mount_room, room_batches, watch_metrics
 from .attach_tokens import Tokenizer, display_name
 from .charts import attach as charts
@@ -31,39 +33,48 @@ from .i18n import Refusal, lang_of, texts
 from .live import Hub
 from .openai_api import LOOPBACK
 from .room_load import RoomLoad
+from .web_guard import Refused, StateChangeGuard, read_body
 
 log = logging.getLogger("inferlab")
 
 MAX_RUNNING = 4  # requests to the server at once from this page
 FRAME_EVERY_S = 0.1  # the page is sent at most this many frames a second while an answer streams
+MAX_BODY = 1 << 20  # a request from the page: two prompts of 20,000 characters, each escaped in JSON, fit
 
 
 class Attachment:
     """The server this page is attached to and its model's tokenizer; the page can point it elsewhere (`switch`)."""
 
-    def __init__(self, target: AttachTarget, tokenizer_name: str | None = None):
+    def __init__(self, target: AttachTarget, tokenizer_name: str | None = None, policy: TargetPolicy | None = None):
         target.resolve_model()  # fails here, at start, when the server cannot be reached
         self.target, self.tokenizer = target, Tokenizer(target.model, target, tokenizer_name)
+        self.policy = policy or TargetPolicy.from_environment()
+        self.policy.allow_url(target.url)  # the page may come back to the server it was started with
 
     def switch(self, target: AttachTarget) -> None:
-        target.resolve_model(timeout=10)  # raises before anything changes when the new server does not answer
+        # the policy first (ValueError: nothing is contacted), then the new server must answer before anything
+        # changes
+        self.policy.check(target.url)
+        target.resolve_model(timeout=10)
         self.target, self.tokenizer = target, Tokenizer(target.model, target)
 
 
 def create_attach_app(url: str, api_key: str | None = None, model: str | None = None, host: str = "127.0.0.1",
                       presenter_token: str | None = None, allowed_origins: tuple[str, ...] = (),
-                      tokenizer_name: str | None = None):
+                      tokenizer_name: str | None = None, policy: TargetPolicy | None = None):
     """The attach page for the server at `url`. `host`: where this page's server listens (pointing the page at
     another server needs the presenter token unless that is this machine only); `presenter_token`: the lecture's
-    secret (the room load, the switch); `tokenizer_name`: load the tokenizer from this name instead of the
-    server's model name."""
+    secret (the room load, the switch); `allowed_origins`: pages of other origins that may call it (the
+    websockets' list, --allow-origin); `tokenizer_name`: load the tokenizer from this name instead of the
+    server's model name; `policy`: where the page may point it (default: loopback, `url`'s own addresses and
+    $INFERLAB_ATTACH_ALLOW)."""
     from fastapi import FastAPI
     from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
     from fastapi.staticfiles import StaticFiles
 
     from .server import STATIC
 
-    attachment = Attachment(AttachTarget(url, api_key, model), tokenizer_name)
+    attachment = Attachment(AttachTarget(parse_target_url(url), api_key, model), tokenizer_name, policy)
     hub = Hub(presenter_token, allowed_origins)
     load = RoomLoad(room_batches(attachment))
     load.on_start = watch_metrics(attachment, load)  # the round's batches: the server's /metrics while it runs
@@ -71,6 +82,8 @@ def create_attach_app(url: str, api_key: str | None = None, model: str | None = 
     state = {"run": None}
     slots = threading.BoundedSemaphore(MAX_RUNNING)
     app = FastAPI(title="InferLab attach")
+    # every POST (this page's, the room's) needs a JSON body and no foreign Origin: the sockets' rule and list
+    app.add_middleware(StateChangeGuard, origins=lambda: hub.allowed_origins)
 
     @app.get("/")
     def page(lang: str = "en"):
@@ -88,8 +101,10 @@ def create_attach_app(url: str, api_key: str | None = None, model: str | None = 
     @app.post("/attach/ask")
     async def ask(request: Request):
         try:
-            body = json.loads(await request.body())
+            body = await _body(request)
             lang, prompt, system, params = _checked(body)
+        except Refused as exc:
+            return JSONResponse({"error": exc.message}, status_code=exc.status)
         except (ValueError, TypeError, KeyError) as exc:
             return JSONResponse({"error": str(exc)[:300]}, status_code=400)
         if not slots.acquire(blocking=False):
@@ -135,13 +150,16 @@ def create_attach_app(url: str, api_key: str | None = None, model: str | None = 
     @app.post("/attach/target")
     async def switch(request: Request):
         """Point the page at another server: from this machine only, or with the presenter token."""
+        lang = "en"
         try:
-            body = json.loads(await request.body())
+            body = await _body(request)
             lang = lang_of(body.get("lang"))
             if not local:
                 check_token(hub, body.get("token"), request)
-            new = AttachTarget(checked_url(body.get("url")), _field(body, "api_key"), _field(body, "model"))
-            await asyncio.to_thread(attachment.switch, new)
+            new = AttachTarget(parse_target_url(body.get("url")), _field(body, "api_key"), _field(body, "model"))
+            await asyncio.to_thread(attachment.switch, new)  # the policy's name lookups too: off the event loop
+        except Refused as exc:
+            return JSONResponse({"error": exc.message}, status_code=exc.status)
         except Refusal as exc:
             return JSONResponse({"error": exc.text(lang)}, status_code=403)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -158,17 +176,15 @@ def create_attach_app(url: str, api_key: str | None = None, model: str | None = 
     return app
 
 
-def checked_url(url) -> str:
-    """An http(s) URL of a server (no credentials in it, at most 300 characters); ValueError otherwise."""
-    if not isinstance(url, str) or not 0 < len(url.strip()) <= 300:
-        raise ValueError("the server's URL must be 1 to 300 characters")
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("the server's URL must start with http:// or https:// and name a host")
-    if parts.username or parts.password or parts.query or parts.fragment:
-        raise ValueError("the server's URL must carry no user, password, query or fragment (the key has its own "
-                         "field)")
-    return url.strip()
+async def _body(request) -> dict:
+    """The page's JSON object (the middleware has checked its type and origin): capped, with a deadline."""
+    try:
+        body = json.loads(await read_body(request, MAX_BODY))
+    except RecursionError:  # nesting too deep for the parser: bad JSON to the page, not a traceback
+        raise ValueError("the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
+    return body
 
 
 def _field(body: dict, name: str) -> str | None:

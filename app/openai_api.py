@@ -6,7 +6,9 @@ tab's Run is (app/openai_run.py): it batches with whatever the tabs run and show
 checked by app/openai_schema.py before any work; this module adds what is about the HTTP side: who may call
 (`ApiSettings`: on locally, off on a public deployment unless a key is set), the body's size, how many requests
 one client and everyone together may have running (`Admission`), the answer's format, and a client that goes
-away (its sequences are released at once).
+away (its sequences are released at once). Every POST (here and app/ops_api.py's /detokenize) reads its body
+through `read_post`: a JSON content type and no foreign page's Origin (app/web_guard.py, the websockets' rule),
+so a page elsewhere cannot make its visitor's browser run tokens here, key or no key.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from .openai_reply import Reply
 from .openai_run import RoomRun
 from .openai_schema import ApiError, ApiLimits, Job, parse_chat, parse_completion, parse_tokenize, tokenize
 from .ops_api import Proxies, client_address, mount_ops
+from .web_guard import BODY_TIMEOUT_S, Refused, check_state_change, read_body
 
 log = logging.getLogger("inferlab")
 
@@ -51,6 +54,11 @@ class ApiSettings:
     guard_metrics: bool = False
     metrics_prefix: str = "both"  # --metrics-prefix: "both", "vllm" or "inferlab" (app/metrics_api.py)
     proxies: Proxies = field(default_factory=Proxies)  # whose X-Forwarded-For names the client (app/ops_api.py)
+    # page origins allowed to POST besides this server's own; the lab's Hub adds its --allow-origin list (the
+    # websockets' list: one list for both)
+    allowed_origins: tuple[str, ...] = ()
+    # a request body must arrive whole within this long (408 after); $INFERLAB_BODY_TIMEOUT_S, else 30 s
+    body_timeout_s: float = BODY_TIMEOUT_S
 
 
 def decide(host: str, api_key: str | None, mode: str = "auto", space: bool = False) -> ApiSettings:
@@ -149,6 +157,22 @@ def mount(app, registry, holder, settings: ApiSettings, room_load=None):
     def names() -> set[str]:
         return {served_name(holder.model_id), holder.model_id, holder.source}
 
+    def origins(request) -> tuple[str, ...]:
+        # read at each request: the lab's Hub (its --allow-origin list, a Space's own page) is set up after this
+        hub = getattr(request.app.state, "hub", None)
+        return (*settings.allowed_origins, *getattr(hub, "allowed_origins", ()))
+
+    async def read_post(request, cap: int):
+        """The JSON body of a POST, after the rule for every state-changing request (app/web_guard.py)."""
+        try:
+            check_state_change(request.headers, origins(request))
+        except Refused as exc:
+            log.info("%s refused (%s): origin %s, content type %s", request.url.path, exc.code,
+                     str(request.headers.get("origin"))[:80], str(request.headers.get("content-type"))[:60])
+            raise ApiError(exc.message, None, exc.code, exc.status,
+                           "permission_error" if exc.status == 403 else "invalid_request_error") from None
+        return await _read_json(request, cap, settings.body_timeout_s)
+
     @app.get("/v1/models")
     async def list_models(request: Request):
         try:
@@ -161,12 +185,12 @@ def mount(app, registry, holder, settings: ApiSettings, room_load=None):
 
     # /health, /metrics, /detokenize and GET /v1/models/{id}, vLLM's operations surface (app/ops_api.py)
     mount_ops(app, registry=registry, holder=holder, settings=settings, metrics=metrics, check_access=check_access,
-              ready=ready, names=names, served_name=served_name, error=error, read_json=_read_json)
+              ready=ready, names=names, served_name=served_name, error=error, read_json=read_post)
 
     async def serve(request: Request, kind: str):
         try:
             ticket = check_access(request, tickets=kind == "chat")
-            body = await _read_json(request, limits.max_body_bytes)
+            body = await read_post(request, limits.max_body_bytes)
             room = ready()
             parse = parse_chat if kind == "chat" else parse_completion
             job = parse(body, limits, room.engine.spec.vocab_size)
@@ -223,7 +247,7 @@ def mount(app, registry, holder, settings: ApiSettings, room_load=None):
         through the model's chat template; what attach mode reads when it cannot load a server's tokenizer."""
         try:
             check_access(request)
-            body = await _read_json(request, limits.max_body_bytes)
+            body = await read_post(request, limits.max_body_bytes)
             room = ready()
             model, prompt, generation, strs = parse_tokenize(body, limits)
             if model is not None and model not in names():
@@ -319,15 +343,12 @@ def _client(request, proxies: Proxies | None = None) -> str:
     return client_address(request.headers.getlist("x-forwarded-for"), peer, proxies or Proxies())
 
 
-async def _read_json(request, cap: int):
-    length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > cap):
-        raise ApiError(f"the request body must be at most {cap} bytes", None, "body_too_large", 413)
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > cap:
-            raise ApiError(f"the request body must be at most {cap} bytes", None, "body_too_large", 413)
+async def _read_json(request, cap: int, timeout_s: float = BODY_TIMEOUT_S):
+    """The body as JSON: capped (413), whole within `timeout_s` (408), a client gone mid-body one log line (499)."""
+    try:
+        data = await read_body(request, cap, timeout_s)
+    except Refused as exc:
+        raise ApiError(exc.message, None, exc.code, exc.status) from None
     try:
         return json.loads(data)
     except (ValueError, RecursionError):

@@ -11,7 +11,9 @@ Who may call: vLLM's `--api-key` leaves /health and /metrics open (its PUBLIC_EN
 vllm/entrypoints/serve/utils/server_utils.py) and guards every other route, /tokenize and /detokenize included.
 The lab does the same: /health and /metrics answer anyone (they read counters, no model work) unless the server
 runs with --guard-metrics; /detokenize, like /tokenize, passes the same check as /v1 (a key where one is set, off
-on a public deployment without one), since each call is tokenizer work a stranger could repeat.
+on a public deployment without one), since each call is tokenizer work a stranger could repeat. Its body comes
+through openai_api's `read_post` (`read_json` here), the rule of every POST: Content-Type application/json and no
+foreign page's Origin (app/web_guard.py), else 415 / 403 before any tokenizer work.
 
 And whose request it is, behind a proxy: `client_address` reads X-Forwarded-For only from an allowed proxy.
 """
