@@ -36,6 +36,13 @@ class LabHandlers:
     def _session(self, request):
         return self.registry.get(_key(request))
 
+    def _client(self, request) -> str | None:
+        """The visitor's address for per-client limits: the hub's rule (X-Forwarded-For only from a known
+        proxy, app/ops_api.py client_address), else the peer."""
+        if self.hub is not None:
+            return self.hub.client_of(request)
+        return getattr(getattr(request, "client", None), "host", None)
+
     def _context(self, lang, request=None) -> cmd.Context:
         return cmd.Context(lang, self.registry, _key(request) if request is not None else None, self.lecture)
 
@@ -208,15 +215,13 @@ class LabHandlers:
 
     # ---- the tab's own websocket ------------------------------------------------------------------------
     def hello(self, lang, request: gr.Request = None):
-        """On page load: the tab's socket ticket (lab.js opens /ws/lab with it), and its session when the model
-        is ready, so a full lab says so at once instead of on the first Step."""
+        """On page load: the tab's socket ticket (lab.js opens /ws/lab with it). No session yet: the socket's
+        first use makes it (SessionRegistry.page_load), so page loads that never open one hold no place; a full
+        lab still says so at once. Page loads are limited per client address."""
         key = _key(request)
         try:
-            ticket = self.registry.ticket(key)
-            if self.holder.ready:
-                self.registry.get(key)
-            return ticket, gr.skip()
-        except Exception as exc:  # noqa: BLE001 - the lab is full, or the tab was closed
+            return self.registry.page_load(key, self._client(request)), gr.skip()
+        except Exception as exc:  # noqa: BLE001 - the lab is full, too many page loads, or the tab was closed
             return gr.skip(), self.delivery.error(exc, lang)
 
     def tab_message(self, key: str, data: str) -> None:
@@ -281,8 +286,8 @@ class LabHandlers:
             if self.hub is None or self.lecture is None:
                 raise Refusal("no_lecture")
             try:
-                self.hub.check_token(token, _address(request))
-            except Refusal as exc:  # a wrong token (the page says where to find it), or too many of them
+                self.hub.check_token(token, self._client(request))
+            except Refusal as exc:  # a wrong token (answered after a wait): the page says where to find it
                 raise (Refusal("bad_token") if exc.phrase.key == "wrong_token" else exc) from None
             view = View.parse(lang, layer, head, word, npos, visible)
             s = self._session(request)
@@ -358,13 +363,3 @@ class _TabRequest:
 
     def __init__(self, session_hash: str):
         self.session_hash = session_hash
-
-
-def _address(request) -> str | None:
-    """The visitor's address for rate limits: the first X-Forwarded-For hop behind a proxy (a Space), else the
-    peer. A forged header only changes which bucket a guess lands in; TokenGuard's overall limit still holds."""
-    headers = getattr(request, "headers", None) or {}
-    forwarded = headers.get("x-forwarded-for") if hasattr(headers, "get") else None
-    if forwarded:
-        return forwarded.split(",")[0].strip()[:64]
-    return getattr(getattr(request, "client", None), "host", None)

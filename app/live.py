@@ -33,6 +33,7 @@ from collections import deque
 from . import commands as cmd
 from . import protocol
 from .i18n import Refusal
+from .ops_api import Proxies, client_address
 from .protocol import BOUND, ERROR, EVENT, FRAME, HELLO, LOAD, OK, PAYLOAD, RESYNC
 
 log = logging.getLogger("inferlab")
@@ -44,39 +45,69 @@ SCRIPTED = object()  # the presenter key of a lecture driven over /ws/present: e
 
 
 class TokenGuard:
-    """Wrong presenter tokens are limited per client address and overall: a guess costs a wait, not a retry.
+    """Presenter tokens: the right one is accepted at once, always; a wrong one is answered only after a delay.
 
-    The token has 96 bits, so guessing is hopeless anyway; this keeps a script from trying at line rate and
-    tells a presenter who mistyped how long to wait."""
+    No count of wrong tokens ever refuses the right one: a lockout (5 wrong per address, 50 overall, for a
+    minute) let anyone shut the presenter out, their script on /ws/present included, with 50 guesses. Instead a
+    guess costs time: the wrong answers to one client address are spaced `delay_s` apart however many
+    connections it opens, so it learns at most one wrong token per `delay_s`. A correct token is judged before
+    any of that and never waits. The token has 96 bits, so guessing is hopeless anyway; the delay keeps a script
+    from trying at line rate. The address is the peer's, or behind a known proxy the one it vouches for
+    (app/ops_api.py client_address): a forged X-Forwarded-For only ever names a new bucket behind a proxy the
+    server was told to trust, and there it is the proxy's word."""
 
-    def __init__(self, per_address: int = 5, overall: int = 50, window_s: float = 60.0):
-        self.per_address, self.overall, self.window_s = per_address, overall, window_s
-        self.failures: dict[str, deque] = {}
-        self.all_failures: deque = deque()
+    MAX_ADDRESSES = 10000
+
+    def __init__(self, delay_s: float = 1.0, max_wait_s: float = 30.0):
+        self.delay_s, self.max_wait_s = delay_s, max_wait_s
+        self.next_free: dict[str, float] = {}  # address -> when its next wrong answer may go out (monotonic)
         self._lock = threading.Lock()
 
-    def check(self, token: str, secret: str, address: str | None) -> None:
-        """Raise a Refusal unless `token` is the secret and this address may still try."""
+    def judge(self, token, secret: str, address: str | None) -> float | None:
+        """None when `token` is the secret; else the seconds to wait before saying it is wrong (this address's
+        wrong answers queue `delay_s` apart, at most `max_wait_s` ahead)."""
+        ok = isinstance(token, str) and bool(token) and hmac.compare_digest(token.encode(), secret.encode())
+        if ok:
+            return None
         address = address or "?"
         now = time.monotonic()
         with self._lock:
-            mine = self.failures.setdefault(address, deque())
-            for q in (mine, self.all_failures):
-                while q and now - q[0] > self.window_s:
-                    q.popleft()
-            if len(mine) >= self.per_address or len(self.all_failures) >= self.overall:
-                oldest = min(mine[0] if len(mine) >= self.per_address else now,
-                             self.all_failures[0] if len(self.all_failures) >= self.overall else now)
-                wait = max(1, int(self.window_s - (now - oldest)) + 1)
-                raise Refusal("token_wait", wait=wait)
-            ok = bool(token) and hmac.compare_digest(str(token).encode(), secret.encode())
-            if not ok:
-                mine.append(now)
-                self.all_failures.append(now)
-                if len(self.failures) > 10000:  # bounded: forget addresses with nothing recent
-                    for a in [a for a, q in self.failures.items() if not q][:5000]:
-                        del self.failures[a]
-                raise Refusal("wrong_token")
+            due = min(max(now, self.next_free.get(address, 0.0)) + self.delay_s, now + self.max_wait_s)
+            self.next_free[address] = due
+            if len(self.next_free) > self.MAX_ADDRESSES:  # bounded: addresses with nothing pending go first
+                for a in [a for a, t in self.next_free.items() if t <= now][:self.MAX_ADDRESSES // 2]:
+                    del self.next_free[a]
+        return max(0.0, due - now)
+
+    def check(self, token, secret: str, address: str | None) -> None:
+        """For a worker thread: return if `token` is right, else wait and raise Refusal("wrong_token"). On the
+        event loop's thread (an async route should call check_async) it answers without the wait."""
+        wait = self.judge(token, secret, address)
+        if wait is not None:
+            try:
+                asyncio.get_running_loop()  # called from a coroutine: sleeping here would stall every socket
+            except RuntimeError:
+                time.sleep(wait)
+            raise Refusal("wrong_token")
+
+    async def check_async(self, token, secret: str, address: str | None) -> None:
+        """For the event loop: the same, waiting without holding the loop."""
+        wait = self.judge(token, secret, address)
+        if wait is not None:
+            await asyncio.sleep(wait)
+            raise Refusal("wrong_token")
+
+
+def request_address(headers, peer: str | None, proxies: Proxies) -> str | None:
+    """Whose request or socket this is: app/ops_api.py's one rule (X-Forwarded-For only from a known proxy)."""
+    if not peer:
+        return None
+    if hasattr(headers, "getlist"):
+        forwarded = headers.getlist("x-forwarded-for")
+    else:
+        value = headers.get("x-forwarded-for") if hasattr(headers, "get") else None
+        forwarded = [value] if value else []
+    return client_address(forwarded, peer, proxies)
 
 
 def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...]) -> bool:
@@ -164,9 +195,14 @@ class Channel:
 class Hub:
     """All open channels, and lecture mode's state (who presents, the latest frame for late joiners)."""
 
-    def __init__(self, token: str | None = None, allowed_origins: tuple[str, ...] = (), tab_key=None):
+    def __init__(self, token: str | None = None, allowed_origins: tuple[str, ...] = (), tab_key=None,
+                 proxies: Proxies | None = None, wrong_token_delay_s: float = 1.0):
         self.token = token or secrets.token_urlsafe(12)
-        self.guard = TokenGuard()
+        self.guard = TokenGuard(delay_s=wrong_token_delay_s)
+        self.proxies = proxies or Proxies()  # whose X-Forwarded-For names the client (app/ops_api.py)
+        # the tab's socket opened and its page load made no session: make it now (set by the server; returns a
+        # payload to show, e.g. that the lab is full, or None)
+        self.open_tab_session = lambda key: None
         self.allowed_origins = tuple(allowed_origins)
         self.tab_key = tab_key or (lambda ticket: None)  # ticket -> session key (SessionRegistry.key_for_ticket)
         self.tab_has_session = lambda key: False  # set by the server (SessionRegistry.peek)
@@ -182,8 +218,18 @@ class Hub:
 
     # ---- called from any thread -------------------------------------------------------------------
     def check_token(self, token: str | None, address: str | None) -> None:
-        """Raise ValueError unless `token` is the presenter token (tries limited per address, see TokenGuard)."""
-        self.guard.check((token or "").strip() if isinstance(token, str) else "", self.token, address)
+        """Raise ValueError unless `token` is the presenter token; a wrong one only after a wait (TokenGuard).
+        Blocks: for worker threads (a Gradio handler)."""
+        self.guard.check(token.strip() if isinstance(token, str) else "", self.token, address)
+
+    async def check_token_async(self, token: str | None, address: str | None) -> None:
+        """check_token for the event loop (the presenter socket): the wait holds no thread."""
+        await self.guard.check_async(token.strip() if isinstance(token, str) else "", self.token, address)
+
+    def client_of(self, request) -> str | None:
+        """A Gradio request's client address, by the same rule as the sockets' (request_address)."""
+        peer = getattr(getattr(request, "client", None), "host", None)
+        return request_address(getattr(request, "headers", None) or {}, peer, self.proxies)
 
     def has_tab(self, key: str | None) -> bool:
         ch = self.tabs.get(key or "")
@@ -236,11 +282,12 @@ class Hub:
         return sum(1 for ch in self.viewers if ch.alive)
 
     # ---- websocket endpoints (event loop) ---------------------------------------------------------
-    async def serve(self, ws, role: str, ticket: str = "", on_message=None) -> None:
+    async def serve(self, ws, role: str, ticket: str = "", on_message=None, on_close=None) -> None:
         """Run one channel until the client leaves. `on_message(channel, data)` handles what a client sends.
 
         role: "tab" (a lab page's own payloads; `ticket` names its session), "viewer" (lecture follower) or
-        anything else (a control channel such as the presenter socket, which only gets replies)."""
+        anything else (a control channel such as the presenter socket, which only gets replies). `on_close(channel)`
+        (a coroutine function) runs when the client has left."""
         headers = getattr(ws, "headers", {}) or {}
         # behind a proxy the page's host may arrive as X-Forwarded-Host (the Host header naming the container)
         host = headers.get("x-forwarded-host") or headers.get("host")
@@ -262,7 +309,7 @@ class Hub:
         await ws.accept()
         self.loop = asyncio.get_running_loop()
         ch = Channel(ws, role, key or "")
-        ch.address = getattr(getattr(ws, "client", None), "host", None)
+        ch.address = request_address(headers, getattr(getattr(ws, "client", None), "host", None), self.proxies)
         if role == "tab":
             old = self.tabs.get(key)
             if old is not None:  # the same page reconnecting (or a second socket with its ticket): one at a time
@@ -271,8 +318,16 @@ class Hub:
             self.tabs[key] = ch
             ch.session_key = key
             self.on_tab_opened(key)
-            if self.tab_has_session(key):  # else the page steps through Gradio until tab_ready says it may
+            if self.tab_has_session(key):
                 ch.send_message(protocol.encode(BOUND))
+            else:  # the page load made none: its socket's first use does (tab_ready then says BOUND)
+                try:
+                    refusal = await asyncio.to_thread(self.open_tab_session, key)
+                except Exception:  # noqa: BLE001 - no session (the model is loading): the page steps via Gradio
+                    log.exception("a tab's session could not be made on its socket")
+                    refusal = None
+                if refusal is not None:  # e.g. the lab is full: the page shows it like any message
+                    ch.offer_frame(refusal)
         elif role == "viewer":
             self.viewers.add(ch)
             ch.send_message(protocol.encode(HELLO, role=role, presenting=self.presenter is not None,
@@ -285,7 +340,14 @@ class Hub:
         self.open_sockets += role != "tab"
         try:
             while ch.alive:
-                data = await ws.receive_text()
+                message = await ws.receive()
+                if message.get("type") == "websocket.disconnect":
+                    break
+                data = message.get("text")
+                if data is None:  # a binary frame: every message here is JSON text; say so and carry on
+                    ch.send_message(protocol.encode(ERROR, error="binary frames are not understood here: send "
+                                                                 "JSON text messages"))
+                    continue
                 if len(data) > MAX_MESSAGE_CHARS:
                     ch.send_message(protocol.encode(ERROR, error=f"message too long ({len(data)} characters; "
                                                                  f"at most {MAX_MESSAGE_CHARS})"))
@@ -304,6 +366,11 @@ class Hub:
                     del self.tabs[key]
                     self.on_tab_closed(key)
             self.viewers.discard(ch)
+            if on_close is not None:
+                try:
+                    await on_close(ch)
+                except Exception:  # noqa: BLE001 - cleanup must not raise into the server
+                    log.exception("closing a socket's state failed")
 
     def on_tab_closed(self, key: str) -> None:
         """Hook (set by the server): a tab's socket closed; its session's idle clock now runs socket-less."""
@@ -326,6 +393,8 @@ class Lecture:
         self.load = None  # app/room_load.RoomLoad: every follower's page sends one request (set by the server)
         self.load_request = lambda: {}  # where those pages send it: {"url", "model"}
         self._dirty = threading.Event()
+        self._idle = threading.Event()  # set when every change so far has gone out to the viewers
+        self._idle.set()
         self._thread: threading.Thread | None = None
         hub.on_join = self.refresh
 
@@ -355,12 +424,27 @@ class Lecture:
             self.start(SCRIPTED, self.scripted, self.view)
         return self.scripted
 
+    def release_scripted(self) -> None:
+        """The last presenter script left: its session's sequences and KV blocks go back to the room now (they
+        stayed for good before), and the lecture stops if that session was presenting. A later script starts a
+        fresh one."""
+        s = self.scripted
+        if s is None:
+            return
+        # a script that steps and leaves at once: its last steps still reach the viewers before the session goes
+        self._idle.wait(5.0)
+        self.scripted = None
+        if self.is_presenter(SCRIPTED) and self.session is s:
+            self.stop()
+        s.close()
+
     def changed(self, session, view=None) -> None:
         """The presenter's session changed (a step, a reset, a new request, a new view)."""
         if session is not self.session:
             return
         if view is not None:
             self.view = view
+        self._idle.clear()
         self._dirty.set()
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._work, daemon=True, name="lecture-frames")
@@ -373,6 +457,8 @@ class Lecture:
             self._dirty.clear()
             s = self.session
             if s is None:
+                if not self._dirty.is_set():
+                    self._idle.set()
                 continue
             try:
                 with s.lock:
@@ -397,6 +483,8 @@ class Lecture:
                 self.hub.broadcast(summaries, frame)
             except Exception:  # noqa: BLE001 - nothing may stop the lecture thread
                 log.exception("lecture broadcast failed")
+            if not self._dirty.is_set():
+                self._idle.set()
 
 
 def event_summary(ev) -> dict:
@@ -466,11 +554,24 @@ class PresenterSocket:
     tab's.
     """
 
-    MAX_WRONG_TOKENS = 3  # per socket; the address-wide limit is the hub's TokenGuard
+    MAX_WRONG_TOKENS = 3  # per socket, then it hangs up; each wrong answer waits (the hub's TokenGuard)
 
     def __init__(self, hub: Hub, lecture: Lecture, make_session, load=None, load_request=None):
         self.hub, self.lecture, self.make_session = hub, lecture, make_session
         self.load, self.load_request = load, load_request  # RoomLoad; () -> {"url", "model"} for the pages
+        self.scripts: set[Channel] = set()  # authenticated presenter sockets now open
+        self._lock = asyncio.Lock()  # a script's command and the last script's cleanup never overlap
+
+    async def closed(self, ch: Channel) -> None:
+        """A presenter socket left (Hub.serve's on_close): when it was the last authenticated one, the
+        scripted lecture's session is freed (its blocks would otherwise stay until the server stops)."""
+        if ch not in self.scripts:
+            return
+        self.scripts.discard(ch)
+        if not self.scripts and self.lecture is not None:
+            async with self._lock:
+                if not self.scripts:
+                    await asyncio.to_thread(self.lecture.release_scripted)
 
     async def handle(self, ch: Channel, data: str) -> None:
         try:
@@ -478,11 +579,12 @@ class PresenterSocket:
             op = msg["op"]
             if op == "auth":
                 try:
-                    self.hub.check_token(msg.get("token"), ch.address)
+                    await self.hub.check_token_async(msg.get("token"), ch.address)
                 except ValueError:
                     ch.wrong_tokens += 1
                     raise
                 ch.role = "presenter"
+                self.scripts.add(ch)
                 reply = protocol.encode(OK, op="auth")
             elif ch.role != "presenter":
                 raise ValueError("authenticate first: {\"op\": \"auth\", \"token\": ...}")
@@ -497,7 +599,9 @@ class PresenterSocket:
             elif self.lecture is None:
                 raise ValueError("this server runs no engine to drive (attach mode): use load and load_summary")
             else:
-                reply = protocol.encode(OK, op=op, **await asyncio.to_thread(self._run, self.command(msg)))
+                command = self.command(msg)
+                async with self._lock:
+                    reply = protocol.encode(OK, op=op, **await asyncio.to_thread(self._run, command))
         except Exception as exc:  # noqa: BLE001 - every failure is a reply, never a dropped socket
             reply = protocol.encode(ERROR, error=str(exc) if isinstance(exc, ValueError) else
                                     f"{type(exc).__name__}: {exc}")

@@ -98,7 +98,7 @@ def follow_html(lang: str = "en") -> str:
 def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | None = None, base=None,
                presenter_token: str | None = None, max_sessions: int = 24,
                allowed_origins: tuple[str, ...] | None = None, socketless_timeout_s: float = 300.0,
-               weights: str = "fp32", api=None):
+               weights: str = "fp32", api=None, wrong_token_delay_s: float = 1.0, page_loads=None):
     """Build the FastAPI app. With `base` (an Engine) no loading happens: used by tests.
 
     `presenter_token`: the lecture-mode secret (default: $INFERLAB_PRESENTER_TOKEN, else a random one,
@@ -110,7 +110,11 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     `socketless_timeout_s`: a session whose page has no open websocket (an API client) is freed after this long
     without an event.
     `weights`: the format the model's projections run in ("fp32", "bf16", "int8", "q4": engine/kernels.py).
-    `api`: app.openai_api.ApiSettings for /v1 and /metrics (default: on, no key: python -m app decides it).
+    `api`: app.openai_api.ApiSettings for /v1 and /metrics (default: on, no key: python -m app decides it). Its
+    `proxies` (--forwarded-allow-ips) also decide whose address a page load or a presenter token counts against.
+    `wrong_token_delay_s`: how long a wrong presenter token's answer waits (per client address, app/live.py).
+    `page_loads`: app.session.PageLoads, the per-address limit of page loads (default: PAGE_LOAD_BURST, then
+    PAGE_LOADS_PER_MINUTE).
     """
     import os
 
@@ -124,6 +128,7 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     from .delivery import RoomPusher
     from .live import Hub, Lecture, PresenterSocket, follower_message
     from .room_load import RoomLoad, room_batches
+    from .i18n import Refusal
     from .session import LabSession, SessionRegistry
     from .ui import build_demo
 
@@ -132,7 +137,8 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     # wait; a forward pass is a few hundred operations.
     sys.setswitchinterval(0.0002)
     registry = SessionRegistry(kv_memory=kv_memory, max_sessions=max_sessions,
-                               socketless_timeout_s=socketless_timeout_s)
+                               socketless_timeout_s=socketless_timeout_s, page_loads=page_loads)
+    api = api or openai_api.ApiSettings()
     downloads.remove_stale()
     holder = ModelHolder(source=source, device=device)
     if base is not None:
@@ -165,8 +171,9 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
         allowed_origins = tuple(o for o in os.environ.get("INFERLAB_ALLOWED_ORIGINS", "").split(",") if o.strip())
     if os.environ.get("SPACE_HOST"):  # on a Hugging Face Space its own page is https://SPACE_HOST
         allowed_origins = (*allowed_origins, "https://" + os.environ["SPACE_HOST"])
+    # one rule for whose request it is, everywhere: the API's (X-Forwarded-For only from a known proxy)
     hub = Hub(presenter_token or os.environ.get("INFERLAB_PRESENTER_TOKEN") or None, allowed_origins,
-              tab_key=registry.key_for_ticket)
+              tab_key=registry.key_for_ticket, proxies=api.proxies, wrong_token_delay_s=wrong_token_delay_s)
     registry.has_socket, registry.on_create = hub.has_tab, hub.tab_ready
     hub.tab_has_session = lambda key: key in registry.sessions
     hub.on_tab_closed = registry.peek  # the socket-less idle clock starts when the page's socket closes
@@ -202,6 +209,21 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     demo = build_demo(registry, holder, hub, lecture)  # mounted last: routes declared before the mount win
     delivery = demo.lab_handlers.delivery
     hub.on_tab_opened = lambda key: delivery.views.of(key).forget_sent()  # a new socket: the page redraws all
+
+    def open_tab_session(key):
+        # a page load makes no session (a script calling it 30 times took every place): the socket's first use
+        # does; a full lab is said on the socket, in the payload shape every message takes
+        if registry.base is None:
+            return None  # still loading: the page's first Step (through Gradio) says so
+        try:
+            registry.socket_opened(key)
+        except Refusal as exc:
+            import json
+
+            return json.loads(delivery.error(exc, "en"))
+        return None
+
+    hub.open_tab_session = open_tab_session
     pusher = RoomPusher(delivery)  # the room's steps on the tabs that watch the room without stepping
     pusher.start()
 
@@ -222,14 +244,15 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
 
     @app.websocket("/ws/present")
     async def present_socket(ws: WebSocket):
-        await hub.serve(ws, "unauthenticated", on_message=presenter.handle)
+        # the scripted lecture's session is freed when its last script's socket closes (presenter.closed)
+        await hub.serve(ws, "unauthenticated", on_message=presenter.handle, on_close=presenter.closed)
 
     @app.get("/follow")
     def follow_page(lang: str = "en"):
         return HTMLResponse(follow_html(lang))
 
     # the OpenAI-compatible API and /metrics: requests are owners in the same room as the tabs
-    app.state.api_settings = api or openai_api.ApiSettings()
+    app.state.api_settings = api
     app.state.api_metrics = openai_api.mount(app, registry, holder, app.state.api_settings, room_load)
     app.state.room_load = room_load
 

@@ -48,6 +48,18 @@ MAX_PREVIEW_CHARS = 4000
 # Socket tickets held at once: a page load gets one even before (or without) a session, e.g. when the lab is
 # full; a client calling the page-load event in a loop must not grow the table without end.
 MAX_TICKETS = 4096
+# Page loads (the "hello" event) one client address may make: a burst, then a steady rate. A page load makes no
+# session (the tab's socket, or its first other event, does), so this bounds the churn of tickets and events a
+# script can cause, not what it holds. The burst covers a workshop behind one NAT address opening the lab at
+# once, and a local lab's twenty test tabs.
+PAGE_LOAD_BURST = 40
+PAGE_LOADS_PER_MINUTE = 30
+MAX_PAGE_LOAD_ADDRESSES = 10000  # addresses remembered; a full bucket carries nothing worth keeping
+# When the lab is full, a session whose page has no open websocket and that has had no event for this long gives
+# its place to the newcomer (it is freed, not closed: its tab's next event gets a fresh session if there is room).
+# A real page opens its socket within a second of loading, so this only ever takes places from clients that
+# never opened one (a script calling the page's events) or tabs that have gone.
+SOCKETLESS_GRACE_S = 10.0
 
 
 def cap_text(name: str, value, limit: int) -> str:
@@ -563,6 +575,40 @@ class LabFull(Refusal):
         super().__init__("lab_full", n=max_sessions)
 
 
+class PageLoadsLimited(ValueError):
+    """Too many page loads from one client address: the page says how long to wait (English; the page shows it
+    as the refusal's detail)."""
+
+    def __init__(self, wait_s: float):
+        super().__init__(f"too many page loads from your address: try again in {max(1, math.ceil(wait_s))} s")
+
+
+class PageLoads:
+    """Per client address, a token bucket of page loads (PAGE_LOAD_BURST, refilled at PAGE_LOADS_PER_MINUTE)."""
+
+    def __init__(self, burst: int = PAGE_LOAD_BURST, per_minute: float = PAGE_LOADS_PER_MINUTE):
+        self.burst, self.rate = burst, per_minute / 60.0
+        self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, when)
+        self._lock = threading.Lock()
+
+    def take(self, address: str | None) -> None:
+        """Count one page load from `address`; PageLoadsLimited when its bucket is empty."""
+        if not address:
+            return
+        now = time.monotonic()
+        with self._lock:
+            tokens, when = self._buckets.get(address, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - when) * self.rate)
+            if tokens < 1.0:
+                self._buckets[address] = (tokens, now)
+                raise PageLoadsLimited((1.0 - tokens) / self.rate if self.rate > 0 else 60.0)
+            self._buckets[address] = (tokens - 1.0, now)
+            if len(self._buckets) > MAX_PAGE_LOAD_ADDRESSES:  # forget the addresses whose buckets are full again
+                full = [a for a, (n, w) in self._buckets.items() if n + (now - w) * self.rate >= self.burst]
+                for a in full[:MAX_PAGE_LOAD_ADDRESSES // 2] or list(self._buckets)[:MAX_PAGE_LOAD_ADDRESSES // 2]:
+                    del self._buckets[a]
+
+
 class SessionClosed(Refusal):
     """An event for a tab that has already been closed (a queued request after its unload)."""
 
@@ -577,16 +623,24 @@ class SessionRegistry:
     * a session whose tab has no open websocket is freed after `socketless_timeout_s` without an event (API
       clients that never heartbeat), any session after `idle_timeout_s`; a sweeper thread checks every few
       seconds, so memory comes back without waiting for the next visitor;
+    * a page load makes no session, only a socket ticket (a script calling the page-load event in a loop held
+      every place for minutes): the session is made when the page's socket opens with that ticket, or by the
+      tab's first other Gradio event (a page whose socket cannot connect, an API client). Page loads are limited
+      per client address (PageLoads). When the lab is full, a session with no open socket and no event for
+      SOCKETLESS_GRACE_S gives its place to the newcomer;
     * a closed tab's key is remembered for a while, so a request queued before the close cannot bring its
-      session back (only Gradio events create sessions; sockets and the sweeper never do);
+      session back (its ticket is forgotten, so its socket cannot either; the sweeper never makes one);
     * each tab gets a socket ticket: a server-made secret that its page receives over its own Gradio event
       and presents when it opens /ws/lab (app/live.py). Tickets name sessions; clients never do.
     """
 
     def __init__(self, base: Engine | None = None, idle_timeout_s: float = 1800.0, kv_memory: int | None = None,
                  max_sessions: int = 24, socketless_timeout_s: float = 300.0, sweep_every_s: float = 10.0,
-                 limits: RoomLimits | None = None):
+                 limits: RoomLimits | None = None, page_loads: PageLoads | None = None,
+                 socketless_grace_s: float = SOCKETLESS_GRACE_S):
         self.base = base
+        self.page_loads = page_loads or PageLoads()
+        self.socketless_grace_s = socketless_grace_s
         self.limits = limits
         self._room: Room | None = None
         self.sessions: dict[str, LabSession] = {}
@@ -632,12 +686,57 @@ class SessionRegistry:
         with self._lock:
             if key in self.sessions:  # another event of the same tab made it meanwhile
                 return self.sessions[key]
+            evicted = self._make_room()
             if len(self.sessions) >= self.max_sessions:
                 raise LabFull(self.max_sessions)
             s = self.sessions[key] = LabSession.create(room)
             s.tab_key = key
+        self._free(evicted)
         self.on_create(key)
         return s
+
+    def _make_room(self) -> list:
+        """(under the lock) When the lab is full: take the place of the socket-less session idle longest, if it
+        has been idle past the grace period. Returns what was taken out (closed by the caller, off the lock)."""
+        if len(self.sessions) < self.max_sessions:
+            return []
+        now = time.time()
+        idle = [(s.last_used, k) for k, s in self.sessions.items()
+                if not self.has_socket(k) and not getattr(s, "running", False)
+                and now - s.last_used > self.socketless_grace_s]
+        if not idle:
+            return []
+        _, key = min(idle)
+        log.info("the lab is full: a session without a socket, idle for %.0f s, gives its place",
+                 now - self.sessions[key].last_used)
+        return [(key, self.sessions.pop(key))]
+
+    def _free(self, evicted) -> None:
+        for key, s in evicted:
+            self.on_drop(key)  # it may have been presenting
+            s.close()
+            self._freed = True
+
+    def page_load(self, key: str, address: str | None) -> str:
+        """The page-load event: counted against the client's address (PageLoadsLimited past its limit), then
+        the tab's socket ticket. No session is made here; a full lab with no place to give raises LabFull, so
+        the page says so at once."""
+        self.page_loads.take(address)
+        ticket = self.ticket(key)
+        with self._lock:
+            if key in self._closed:
+                raise SessionClosed()
+            if key not in self.sessions and len(self.sessions) >= self.max_sessions:
+                now = time.time()
+                if not any(not self.has_socket(k) and not getattr(s, "running", False)
+                           and now - s.last_used > self.socketless_grace_s for k, s in self.sessions.items()):
+                    raise LabFull(self.max_sessions)
+        return ticket
+
+    def socket_opened(self, key: str) -> LabSession:
+        """The tab's socket opened with its ticket: its session, made now if the page load did not (LabFull
+        when there is no place)."""
+        return self.get(key)
 
     def peek(self, key: str | None):
         """The tab's session if it exists; never creates one (sockets use this)."""
@@ -669,11 +768,13 @@ class SessionRegistry:
     def put(self, key: str, session) -> None:
         """Replace a tab's session (e.g. with a ReplaySession); the old one is freed."""
         with self._lock:
+            evicted = [] if key in self.sessions else self._make_room()
             if key not in self.sessions and len(self.sessions) >= self.max_sessions:
                 raise LabFull(self.max_sessions)
             old = self.sessions.pop(key, None)
             self.sessions[key] = session
             session.tab_key = key
+        self._free(evicted)
         if old is not None and old is not session:
             old.close()
 
@@ -711,12 +812,15 @@ class SessionRegistry:
         fresh = LabSession.create(room)
         fresh.own_room = True
         with self._lock:
+            evicted = [] if key in self.sessions or key in self._closed else self._make_room()
             if key in self._closed or (key not in self.sessions and len(self.sessions) >= self.max_sessions):
                 fresh.close()
+                self._free(evicted)
                 raise SessionClosed() if key in self._closed else LabFull(self.max_sessions)
             old = self.sessions.pop(key, None)
             self.sessions[key] = fresh
             fresh.tab_key = key
+        self._free(evicted)
         if old is not None:
             fresh.speculative = old.speculative
             old.close()

@@ -249,27 +249,31 @@ async def _recv(ws, timeout=60):
 
 def test_no_session_a_visitor_names_belongs_to_the_lecture(server):
     ws_url, app = server
+    lecture = app.state.lecture
+    h = LabHandlers(app.state.registry, app.state.holder, app.state.hub, lecture)
+
+    def visitors():
+        for name in ("__lecture__", "default", "lecture", ""):
+            h.step(*step_args(), request=req(name))  # a visitor naming the old special keys gets a session of its own
+            h.reset("en", "", request=req(name))
+            app.state.registry.drop(name)  # its heartbeat ends: the lecture must not stop
 
     async def drive():
+        # the script's socket stays open meanwhile: its session lives as long as a script drives it
         async with connect(ws_url + "/ws/present", proxy=None, max_size=None) as ws:
             for op in ({"op": "auth", "token": TOKEN}, {"op": "reset"},
                        {"op": "start", "prompt": "What is gravity?", "params": {"temperature": 0.0}},
                        {"op": "step"}):
                 await ws.send(json.dumps(op))
                 assert (await _recv(ws))["type"] == "ok"
+            scripted = lecture.session
+            steps = len(scripted.events)
+            await asyncio.to_thread(visitors)
+            assert lecture.session is scripted and lecture.is_presenter(SCRIPTED)
+            assert len(scripted.events) == steps and scripted.requests
+            assert all(s is not scripted for s in app.state.registry.sessions.values())
 
     asyncio.run(drive())
-    lecture = app.state.lecture
-    scripted = lecture.session
-    steps = len(scripted.events)
-    h = LabHandlers(app.state.registry, app.state.holder, app.state.hub, lecture)
-    for name in ("__lecture__", "default", "lecture", ""):
-        h.step(*step_args(), request=req(name))  # a visitor naming the old special keys gets a session of its own
-        h.reset("en", "", request=req(name))
-        app.state.registry.drop(name)  # its heartbeat ends: the lecture must not stop
-    assert lecture.session is scripted and lecture.is_presenter(SCRIPTED)
-    assert len(scripted.events) == steps and scripted.requests
-    assert all(s is not scripted for s in app.state.registry.sessions.values())
 
 
 def test_sockets_need_the_servers_ticket_and_a_friendly_origin(server):
@@ -305,15 +309,18 @@ def test_sockets_need_the_servers_ticket_and_a_friendly_origin(server):
     asyncio.run(go())
 
 
-def test_wrong_presenter_tokens_are_limited(server):
+def test_wrong_presenter_tokens_are_slowed_never_locked_out(server):
+    """Issue 36 class 4: wrong tokens wait for their answer; the right one is never refused (the full story,
+    with forged addresses and the page path against a live server, is tests/test_hostile_sessions.py)."""
     ws_url, app = server
     h = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
     r = req("guesser")
     r.client.host = "198.51.100.9"
     msgs = [message_of(h.present(f"guess-{i}", "en", 0, 0, "", None, "", request=r)) for i in range(5)]
     assert all("Wrong presenter token" in m for m in msgs)
-    msg = message_of(h.present(TOKEN, "en", 0, 0, "", None, "", request=r))  # even the right one, for a while
-    assert "too many wrong presenter tokens" in msg and not app.state.lecture.is_presenter("guesser")
+    msg = message_of(h.present(TOKEN, "en", 0, 0, "", None, "", request=r))  # the right one works at once
+    assert "Wrong" not in msg and app.state.lecture.is_presenter("guesser")
+    app.state.lecture.stop()
 
     async def socket_guesses():
         async with connect(ws_url + "/ws/present", proxy=None) as ws:
@@ -325,21 +332,19 @@ def test_wrong_presenter_tokens_are_limited(server):
             return replies
 
     replies = asyncio.run(socket_guesses())
-    assert all(r["type"] == "error" for r in replies)
+    assert all(r["type"] == "error" and "wrong presenter token" in r["error"] for r in replies)
 
 
 def test_token_guard_and_origin_rules():
-    g = TokenGuard(per_address=2, overall=3, window_s=60)
-    for _ in range(2):
-        with pytest.raises(ValueError, match="wrong"):
-            g.check("x", "secret", "a")
-    with pytest.raises(ValueError, match="too many"):
-        g.check("secret", "secret", "a")
-    g.check("secret", "secret", "b")  # another address may still try
+    g = TokenGuard(delay_s=0.2, max_wait_s=0.5)
+    assert g.judge("secret", "secret", "a") is None  # right: no wait
+    waits = [g.judge("x", "secret", "a") for _ in range(3)]
+    assert waits[0] == pytest.approx(0.2, abs=0.05) and waits[1] == pytest.approx(0.4, abs=0.05)
+    assert waits[2] == pytest.approx(0.5, abs=0.05)  # queued one address's answers apart, up to max_wait_s
+    assert g.judge("secret", "secret", "a") is None  # still right at once, whatever came before
+    assert g.judge("y", "secret", "b") == pytest.approx(0.2, abs=0.05)  # another address has its own queue
     with pytest.raises(ValueError, match="wrong"):
-        g.check("y", "secret", "b")
-    with pytest.raises(ValueError, match="too many"):  # the overall limit: three wrong tries in the window
-        g.check("secret", "secret", "c")
+        g.check("z", "secret", "c")
     assert origin_allowed(None, "h:1", ())  # a script, not a browser
     assert origin_allowed("http://h:1", "h:1", ())
     assert not origin_allowed("http://evil", "h:1", ())

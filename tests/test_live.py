@@ -46,6 +46,18 @@ async def present(ws_url, ops):
     return replies
 
 
+@contextlib.asynccontextmanager
+async def presenting(ws_url, ops):
+    """Run presenter ops in order on a socket that stays open inside the block (the scripted lecture's session
+    lives as long as its script's socket); yields the replies."""
+    async with connect(ws_url + "/ws/present", proxy=None, max_size=None) as ws:
+        replies = []
+        for op in ops:
+            await ws.send(json.dumps(op))
+            replies.append(await recv_json(ws, 120))
+        yield replies
+
+
 def start_op(prompt="Что такое гравитация?"):
     return {"op": "start", "prompt": prompt, "chat": True, "params": {"temperature": 0.0, "max_tokens": 40}}
 
@@ -80,26 +92,27 @@ def test_viewer_receives_every_step_event_and_frames_match_the_session(server):
     async def go():
         async with connect(ws_url + "/ws/follow", proxy=None, max_size=None) as viewer:
             await recv_json(viewer)  # hello (and maybe the previous lecture's frame)
-            replies = await present(ws_url, [{"op": "auth", "token": TOKEN}, {"op": "reset"}, start_op(),
-                                             *[{"op": "step"}] * n])
-            assert all(r["type"] == "ok" for r in replies), replies
-            stepped = [r["steps"][0] for r in replies[3:]]
-            msgs = await recv_until(viewer, lambda m: m["type"] == "event" and m["event"].get("step") == stepped[-1])
-            got = [m["event"]["step"] for m in msgs if m["type"] == "event" and "step" in m["event"]]
-            assert got[-n:] == stepped  # every step event, in order, none skipped
-            # the frame after the last step carries the session's own numbers
-            frame = None
-            while frame is None or "chart-timeline" not in frame["payload"]["figs"]:
-                frame = (await recv_until(viewer, lambda m: m["type"] == "frame"))[-1]
-            await asyncio.sleep(0.3)
-            s = app.state.lecture.session
-            return frame, s
+            async with presenting(ws_url, [{"op": "auth", "token": TOKEN}, {"op": "reset"}, start_op(),
+                                           *[{"op": "step"}] * n]) as replies:
+                assert all(r["type"] == "ok" for r in replies), replies
+                stepped = [r["steps"][0] for r in replies[3:]]
+                msgs = await recv_until(viewer, lambda m: m["type"] == "event" and
+                                        m["event"].get("step") == stepped[-1])
+                got = [m["event"]["step"] for m in msgs if m["type"] == "event" and "step" in m["event"]]
+                assert got[-n:] == stepped  # every step event, in order, none skipped
+                # the frame after the last step carries the session's own numbers
+                frame = None
+                while frame is None or "chart-timeline" not in frame["payload"]["figs"]:
+                    frame = (await recv_until(viewer, lambda m: m["type"] == "frame"))[-1]
+                await asyncio.sleep(0.3)
+                # read while the script is connected: its session is freed when it leaves
+                return frame, [e.timing.step_ms for e in app.state.lecture.session.events]
 
-    frame, s = asyncio.run(go())
+    frame, step_ms = asyncio.run(go())
     bars = [y for tr in frame["payload"]["figs"]["chart-timeline"]["data"] if tr.get("name") == "steps"
             for y in tr["y"]]
-    assert len(bars) == len(s.events)
-    assert sorted(round(b, 3) for b in bars) == sorted(round(e.timing.step_ms, 3) for e in s.events)
+    assert len(bars) == len(step_ms)
+    assert sorted(round(b, 3) for b in bars) == sorted(round(ms, 3) for ms in step_ms)
     assert "html-stream" in frame["payload"]["html"]
 
 
@@ -148,18 +161,18 @@ def test_late_joiner_sees_the_current_state_at_once(server):
     ws_url, app = server
 
     async def go():
-        await present(ws_url, [{"op": "auth", "token": TOKEN}, {"op": "reset"}, start_op("What is gravity?"),
-                               {"op": "step"}, {"op": "step"}])
-        async with connect(ws_url + "/ws/follow", proxy=None, max_size=None) as early:  # makes frames happen
-            await recv_until(early, lambda m: m["type"] == "frame")
-        await asyncio.sleep(0.5)
-        async with connect(ws_url + "/ws/follow", proxy=None, max_size=None) as late:
-            msgs = await recv_until(late, lambda m: m["type"] == "frame", timeout=5)
-        assert msgs[0]["type"] == "hello" and msgs[0]["presenting"]
-        stream = msgs[-1]["payload"]["html"]["html-stream"]
-        s = app.state.lecture.session
-        text = s.events[-1].seq(s.focus).new_token_text.strip()
-        assert text and text in stream
+        async with presenting(ws_url, [{"op": "auth", "token": TOKEN}, {"op": "reset"},
+                                       start_op("What is gravity?"), {"op": "step"}, {"op": "step"}]):
+            async with connect(ws_url + "/ws/follow", proxy=None, max_size=None) as early:  # makes frames happen
+                await recv_until(early, lambda m: m["type"] == "frame")
+            await asyncio.sleep(0.5)
+            async with connect(ws_url + "/ws/follow", proxy=None, max_size=None) as late:
+                msgs = await recv_until(late, lambda m: m["type"] == "frame", timeout=5)
+            assert msgs[0]["type"] == "hello" and msgs[0]["presenting"]
+            stream = msgs[-1]["payload"]["html"]["html-stream"]
+            s = app.state.lecture.session
+            text = s.events[-1].seq(s.focus).new_token_text.strip()
+            assert text and text in stream
 
     asyncio.run(go())
 
@@ -228,18 +241,18 @@ STEP_INPUTS = {"prompt": "Что такое гравитация?", "chat": True
 
 def test_a_tab_steps_over_its_own_socket(server):
     """The page's Step over /ws/lab runs the same handler on the tab's own session; the charts on screen come
-    first, those just off screen in a second payload; a socket whose tab has no session yet never makes one."""
+    first, those just off screen in a second payload. The page load made no session: the socket's opening does
+    (issue 36: page loads that never open one hold no place)."""
     ws_url, app = server
     key = "tab-step-session"
     handlers = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
 
     async def go():
         async with _tab_socket(ws_url, app, key) as ws:
-            # no session yet: refused with a message, nothing runs and no session appears
-            await ws.send(json.dumps({"op": "step", "inputs": STEP_INPUTS}))
-            refused = (await recv_until(ws, lambda m: m["type"] == "payload"))[-1]["payload"]
-            assert key not in app.state.registry.sessions
-            s = await _bind(ws, app, key, handlers, "chart-bytes")
+            await recv_until(ws, lambda m: m["type"] == "bound", timeout=10)  # made by the socket, no event
+            s = app.state.registry.sessions[key]
+            await asyncio.to_thread(handlers.view, "en", 0, 0, "", None, json.dumps({"ids": ["chart-bytes"]}),
+                                    SimpleNamespace(session_hash=key))
             before = len(s.events)
             view = json.dumps({"ids": ["chart-logits"], "near": ["chart-sampling"]})
             await ws.send(json.dumps({"op": "step", "inputs": {**STEP_INPUTS, "visible": view}}))
@@ -247,10 +260,9 @@ def test_a_tab_steps_over_its_own_socket(server):
             bad = {**STEP_INPUTS, "temperature": "hot"}
             await ws.send(json.dumps({"op": "step", "inputs": bad}))
             err = (await recv_until(ws, lambda m: m["type"] == "payload"))[-1]["payload"]
-            return refused, s, before, got, err
+            return s, before, got, err
 
-    refused, s, before, got, err = asyncio.run(go())
-    assert "no session" in refused["html"]["html-message"] and refused["op"] == "step"
+    s, before, got, err = asyncio.run(go())
     assert len(s.events) == before + 1  # exactly one engine step, on this tab's session
     payloads = [m["payload"] for m in got if m["type"] == "payload"]
     first = next(p for p in payloads if p.get("op") == "step")
