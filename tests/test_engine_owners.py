@@ -263,8 +263,8 @@ def test_for_owner_shows_only_its_own_sequences_but_the_whole_batch(base_engine)
         assert not others & {s.seq_id for s in share.seqs} and not others & set(share.block_tables)
         assert share.batch == ev.batch and batch_ids(share) == {a, b}  # everyone in the step, in brief
         assert share.owners == ev.owners == {a: A, b: B, c: C}
-        # nothing of another's tokens travels in a share: only their ids, phases and counts in `batch`
-        assert all(set(x) == {"seq_id", "owner", "phase", "num_processed", "num_drafted", "num_emitted"}
+        # nothing of another's tokens travels in a share: only their ids, phases, counts and grammar kind in `batch`
+        assert all(set(x) == {"seq_id", "owner", "phase", "num_processed", "num_drafted", "num_emitted", "grammar"}
                    for x in share.batch)
     assert {s.seq_id for s in ev.seqs} == {a, b}  # the event itself is untouched
     assert ev.for_owner("nobody").seqs == [] and ev.for_owner("nobody").block_tables == {}

@@ -224,3 +224,13 @@ def test_closing_objects_leaves_data_and_explicit_choices_alone():
     assert out["properties"]["open"]["additionalProperties"] is True  # what the schema says stands
     assert out["properties"]["e"] == {"enum": [{"properties": {}}]}  # a value, not a schema
     assert _closed({"type": "object"}) == {"type": "object"}  # json_object: any object
+
+
+def test_a_grammar_that_can_match_nothing_is_answered_400(client, server):
+    # it validates, but no token can start it: refused when the engine compiles it, before any step
+    for so in ({"grammar": "start: x\nx: x"}, {"regex": "[^\\x00-\\x{10FFFF}]"}):
+        with pytest.raises(openai.BadRequestError) as err:
+            ask(client, max_tokens=5, extra_body={"structured_outputs": so})
+        assert "match" in err.value.response.json()["error"]["message"]
+    assert ask(client, max_tokens=5, temperature=0).choices[0].message.content  # the server goes on
+    assert "Traceback" not in server[1].read_text()

@@ -47,7 +47,9 @@ def test_prefill_logits_match_transformers(engine, hf_model):
         del engine.sequences[rid]
         with torch.no_grad():
             ref = hf_model(torch.tensor([ids])).logits[0].float()
-        assert (ours - ref).abs().max().item() <= 1e-4
+        # float32 sums in another order over 30 layers: logits of magnitude ~30 differ by ~1e-4 (1.08e-4 on this
+        # machine's CPU at the commit before this bound, on its own and in CI alike), a relative 4e-6
+        assert (ours - ref).abs().max().item() <= 2e-4
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
