@@ -329,7 +329,9 @@ def roofline_chart(events, bandwidth: float, peak_flops: float, lang: str = "en"
         dict(x=math.log10(math.sqrt(lo * ridge)), y=math.log10(bw * math.sqrt(lo * ridge)), xref="x", yref="y",
              text=tx["mem_bound"].format(bw=fmt_si(bw, "B/s", lang)), showarrow=False, yshift=12, textangle=0,
              font=dict(size=10, color="#555")),
-        dict(x=math.log10(math.sqrt(ridge * hi)), y=math.log10(pf), xref="x", yref="y",
+        # held to the plot's right end: centred on the flat roof, a long label ("пик вычислений: 267 Гфлоп/с")
+        # ran past the chart's edge where the roof is short
+        dict(x=math.log10(hi), y=math.log10(pf), xref="x", yref="y", xanchor="right", xshift=-4,
              text=tx["compute_bound"].format(pf=fmt_si(pf, "FLOP/s", lang)), showarrow=False, yshift=10,
              font=dict(size=10, color="#555")),
     ]
