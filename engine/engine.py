@@ -915,7 +915,9 @@ class Engine:
         p = seq.params
         # as vLLM: nothing stops a sequence before min_tokens; a stop token's text (EOS, stop_token_ids) is left
         # out unless include_stop_str_in_output
-        stop_token = len(seq.output_ids) >= p.min_tokens and token in self._stop_ids(p)
+        # (no set built here: this runs for every token of every sequence)
+        stop_token = len(seq.output_ids) >= p.min_tokens and (
+            (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids)
         step = seq.detok.push(token, silent=stop_token and not p.include_stop_str_in_output)
         ev.detok = step
         ev.emitted += step.emitted

@@ -27,7 +27,9 @@ def free_port() -> int:
 def running_server(base_engine, kv_memory: int | None = 32 * 1024 * 1024, presenter_token: str | None = None,
                    **create_kwargs):
     """Serve the lab in this process (sharing the loaded model) until the block exits (`create_kwargs`: more
-    of create_app's settings, e.g. api=ApiSettings(...))."""
+    of create_app's settings, e.g. api=ApiSettings(...)). As `python -m app` serves it: proxy_headers=False, so
+    the client address is the lab's own rule's (uvicorn would otherwise believe X-Forwarded-For from any
+    loopback peer)."""
     import uvicorn
 
     from app.server import create_app
@@ -35,7 +37,8 @@ def running_server(base_engine, kv_memory: int | None = 32 * 1024 * 1024, presen
     app, holder = create_app(base=base_engine, kv_memory=kv_memory, presenter_token=presenter_token,
                              **create_kwargs)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           proxy_headers=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 60

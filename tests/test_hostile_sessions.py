@@ -6,10 +6,8 @@ A page load here is what lab.js's page does: Gradio's "hello" event through the 
 session's event stream), then /ws/lab with the ticket it returned.
 """
 import asyncio
-import contextlib
 import json
 import secrets
-import threading
 import time
 
 import httpx
@@ -19,37 +17,11 @@ from websockets.asyncio.client import connect
 from app.openai_api import ApiSettings
 from app.ops_api import parse_proxies
 from app.session import PageLoads
-from e2e_util import free_port
+from e2e_util import running_server
 
 TOKEN = "sessions-presenter-token"
 DELAY_S = 0.03  # the wrong-token delay these servers run with (the default is 1 s)
 MAX_SESSIONS = 6
-
-
-@contextlib.contextmanager
-def running_server(base_engine, **create_kwargs):
-    """The lab served as `python -m app` serves it: uvicorn with proxy_headers=False, so the client address is
-    the lab's own rule's (uvicorn would otherwise believe X-Forwarded-For from any loopback peer; tests/e2e_util's
-    server leaves uvicorn's default)."""
-    import uvicorn
-
-    from app.server import create_app
-
-    app, _ = create_app(base=base_engine, kv_memory=32 * 1024 * 1024, **create_kwargs)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           proxy_headers=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not server.started:
-        assert time.time() < deadline, "server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
