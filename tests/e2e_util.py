@@ -7,8 +7,13 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 CHROMIUM = os.environ.get("INFERLAB_CHROMIUM", "/usr/bin/chromium")
+# Where tests put the pictures they take along the way: an ignored folder (build/), so a run never rewrites the
+# curated screenshots in assets/screenshots/ (tests/screenshots.py, run as a script, makes those).
+TEST_SHOTS = Path(os.environ.get("INFERLAB_TEST_SHOTS")
+                  or Path(__file__).resolve().parent.parent / "build" / "test-shots")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 

@@ -1,13 +1,13 @@
 """The whole page in Debian's Chromium, driven by Playwright against a real server and the real engine."""
 import json
-from pathlib import Path
 
 import pytest
 
-from e2e_util import chart_traces, chromium_available, click_and_wait, ensure_drawn, open_lab, renders, served_lab
+from e2e_util import (TEST_SHOTS, chart_traces, chromium_available, click_and_wait, ensure_drawn, open_lab, renders,
+                      served_lab)
 
 pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+SCREENSHOTS = TEST_SHOTS
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,12 @@
 """Browser test of the weight-formats panel: one served lab, fp32 against q4 on a short prompt; the page's
 charts carry the server's record."""
-from pathlib import Path
 
 import pytest
 
-from e2e_util import chromium_available, open_lab, served_lab
+from e2e_util import TEST_SHOTS, chromium_available, open_lab, served_lab
 
 pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
-SHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+SHOTS = TEST_SHOTS
 
 
 def chart_data(page, chart_id):

@@ -4,16 +4,15 @@ shared blocks for a stable schema and none for a shuffled one."""
 import json
 import re
 import time
-from pathlib import Path
 
 import jsonschema
 import pytest
 
 from app.grammar_examples import PERSON
-from e2e_util import chromium_available, ensure_drawn, open_lab, served_lab
+from e2e_util import TEST_SHOTS, chromium_available, ensure_drawn, open_lab, served_lab
 
 pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
-SHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+SHOTS = TEST_SHOTS
 
 
 def pair_cached(page, button: str, says: str) -> int:

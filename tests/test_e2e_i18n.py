@@ -2,15 +2,14 @@
 tour's request, nothing the reader sees is English (tests/i18n_check.py says what counts: token text and
 quoted data are not UI text)."""
 import json
-from pathlib import Path
 
 import pytest
 
-from e2e_util import chromium_available, click_and_wait, open_lab, served_lab
+from e2e_util import TEST_SHOTS, chromium_available, click_and_wait, open_lab, served_lab
 from i18n_check import DATA_CLASSES, english, figure_texts
 
 pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+SCREENSHOTS = TEST_SHOTS
 ACCORDIONS = ("tour", "speculative", "lecture", "trace")
 TYPED = "#prompt, #system, #stop, #bpe_word, #presenter_token"
 

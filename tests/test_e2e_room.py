@@ -4,14 +4,13 @@ both tabs' sequences, exactly as the server's room recorded them, and each tab's
 engine gives for that prompt alone (greedy sampling). A tab that presses nothing but has the room panel in view
 watches another tab's Run happen, and no chart scrolled into view costs a Gradio request."""
 import time
-from pathlib import Path
 
 import pytest
 
-from e2e_util import chromium_available, ensure_drawn, open_lab, served_lab
+from e2e_util import TEST_SHOTS, chromium_available, ensure_drawn, open_lab, served_lab
 
 pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+SCREENSHOTS = TEST_SHOTS
 PROMPTS = ("What is gravity?", "Что такое гравитация?")
 MAX_TOKENS = 12
 ROOM_CHARTS = ("chart-room-batch", "chart-room-pool", "chart-room-throughput", "chart-room-size")

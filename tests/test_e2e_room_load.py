@@ -4,16 +4,15 @@ follower's browser sends its own streaming request to the lab's /v1 (which requi
 knows: each page holds a one-time ticket instead), shows its answer and the time to its first token measured in
 that browser, and reports back; the presenter's lecture box counts three answers and the batches the room ran."""
 import json
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from e2e_util import browser, chromium_available, click_until_message, open_lab, running_server
+from e2e_util import TEST_SHOTS, browser, chromium_available, click_until_message, open_lab, running_server
 
 pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+SCREENSHOTS = TEST_SHOTS
 TOKEN = "e2e-room-load-token"
 KEY = "e2e-room-load-api-key"
 PROMPT = "What is gravity?"

@@ -2,15 +2,14 @@
 replay: Debian's Chromium via Playwright against a real server and the real engine."""
 import json
 import time
-from pathlib import Path
 
 import pytest
 
-from e2e_util import (browser, chromium_available, click_and_wait, click_until_message, ensure_drawn, open_lab,
-                      running_server)
+from e2e_util import (TEST_SHOTS, browser, chromium_available, click_and_wait, click_until_message, ensure_drawn,
+                      open_lab, running_server)
 
 pytestmark = pytest.mark.skipif(not chromium_available(), reason="Debian chromium is not installed")
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+SCREENSHOTS = TEST_SHOTS
 TOKEN = "e2e-presenter-token"
 
 

@@ -20,10 +20,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e_util import chromium_available, free_port
+from e2e_util import TEST_SHOTS, chromium_available, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-SCREENSHOTS = ROOT / "assets" / "screenshots"
+SCREENSHOTS = TEST_SHOTS  # pictures of a run: an ignored folder
 KEY = "test-key-16"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is gravity?"}]
