@@ -141,8 +141,10 @@ UI = {
     "room_block": {"en": "block", "ru": "блок"},
     "room_blocks": {"en": "blocks", "ru": "блоки"},
     "room_tps": {"en": "Throughput", "ru": "Пропускная способность"},
-    "room_tps_title": {"en": "Tokens per second: the whole room vs each tab (last {w} s)",
-                       "ru": "Токенов в секунду: вся комната и каждая вкладка (за {w} с)"},
+    "room_tps_title": {"en": "Tokens per second over the last {span} s: the whole room vs each tab (each point: "
+                             "the {w} s before it)",
+                       "ru": "Токенов в секунду за последние {span} с: вся комната и каждая вкладка (точка: "
+                             "за {w} с до неё)"},
     "room_all": {"en": "room (all tabs)", "ru": "комната (все вкладки)"},
     "room_time": {"en": "seconds (0 = the latest step)", "ru": "секунды (0 — последний шаг)"},
     "room_tok_s": {"en": "tok/s", "ru": "ток/с"},

@@ -288,6 +288,20 @@ def test_throughput_falls_to_zero_across_an_idle_room():
     assert len(s["t"]) == len(recs) + 2  # every step's own point is still there, plus the two zeros
 
 
+def test_throughput_axis_is_the_window_its_title_names():
+    """A room that ran for 2,000 s: the chart spans the last SHOWN_S seconds its title names (issue 37: titled
+    "last 5 s", it was drawn over -2000...0 s), and its lines enter at the window's left edge."""
+    recs = [rec(i, 100 + (i + 1) * 0.5, [(0, "tab 1", "decode", 1, 1)], step_ms=500.0) for i in range(4000)]
+    for lang, said in (("en", r"over the last (\d+) s"), ("ru", r"за последние (\d+) с")):
+        fig = room.throughput_chart(recs, ME, lang)
+        window = float(re.search(said, _title(fig).replace("<br>", " ")).group(1))
+        assert window == room.SHOWN_S
+        assert fig["layout"]["xaxis"]["range"] == [-window, 0] and fig["layout"]["xaxis"]["autorange"] is False
+        xs = _trace(fig, "room")["x"]
+        assert xs[-1] == 0 and xs[0] < -window <= xs[1]  # one point before the window, none further back
+        assert _trace(fig, "room")["y"][-1] == pytest.approx(2.0)  # one token per 0.5 s step
+
+
 # ---- 4 · batch size ------------------------------------------------------------------------------------------
 
 def test_batch_size_held_and_waiting(hand):
@@ -345,7 +359,7 @@ def test_russian_titles_and_words(hand):
     batch, pool, tps, size = _all(recs, blocks, "ru")
     assert _title(batch) == t("room_batch_title", "ru").format(n=room.WINDOW_STEPS)
     assert _title(pool).startswith("Общий пул KV: занято 12 из 40 блоков") and "попадания 64 %" in _title(pool)
-    assert _title(tps) == t("room_tps_title", "ru").format(w="5")
+    assert _title(tps) == t("room_tps_title", "ru").format(w="5", span="60")
     assert _title(size) == t("room_size_title", "ru")
     assert "вкладка 2 (вы)" in _note(batch) and "префилл" in _note(batch) and "проверка черновика" in _note(batch)
     assert axis_title(batch, "xaxis") == "шаг" and axis_title(tps, "yaxis") == "ток/с"

@@ -3,6 +3,7 @@ contexts (two visitors, two sessions) press Run at once; the room view's batch s
 both tabs' sequences, exactly as the server's room recorded them, and each tab's streamed answer is the one the
 engine gives for that prompt alone (greedy sampling). A tab that presses nothing but has the room panel in view
 watches another tab's Run happen, and no chart scrolled into view costs a Gradio request."""
+import re
 import time
 
 import pytest
@@ -136,6 +137,11 @@ def test_two_tabs_run_at_once_in_one_engine(room_lab, base_engine):
     page.evaluate("() => { document.getElementById('panel-room').scrollIntoView({block: 'start'}); "
                   "window.inferlab.flush(); }")
     time.sleep(0.5)  # Plotly's responsive relayout after the scroll
+    # the throughput chart as drawn spans the window its title names
+    tps = page.evaluate("""() => { const l = document.getElementById('chart-room-throughput')._fullLayout;
+                               return {title: l.title.text, range: l.xaxis.range}; }""")
+    window = float(re.search(r"over the last (\d+) s", tps["title"].replace("<br>", " ")).group(1))
+    assert tps["range"] == [-window, 0], tps
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.locator("#panel-room").screenshot(path=str(SCREENSHOTS / "room.png"))
     for ctx in contexts:

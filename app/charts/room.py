@@ -31,6 +31,7 @@ UIREV_SIZE = "chart-room-size"
 
 WINDOW_STEPS = 60  # the batch strip shows the last this many steps
 ROLL_S = 5.0  # throughput: tokens emitted in the last ROLL_S seconds of wall time, per second
+SHOWN_S = 60.0  # the throughput chart's x axis: the last this many seconds (its title names both windows)
 LOG_EVENTS = 12  # the event log's length
 KEY_OWNERS = 10  # owners named in a chart's key; the rest are counted ("+3 more")
 
@@ -315,11 +316,16 @@ def throughput_series(records, window_s: float = ROLL_S) -> dict:
 
 def throughput_chart(records, me: str = "", lang: str = "en", replay: bool = False) -> dict:
     """The room's aggregate tok/s (a thick dark line, trace "room") against each owner's (thin lines in the
-    owner's colour, this tab's thicker), over wall time in seconds before the latest step."""
+    owner's colour, this tab's thicker), over the last SHOWN_S seconds of wall time before the latest step: the
+    x axis is that window, as the title says, however long the room has run (a lecture's hour squeezed the last
+    seconds into a sliver). The point just before the window is kept, so the lines enter at its left edge."""
     series = throughput_series(records)
     if not series["t"]:
         return empty(t("room_tps", lang), _note(lang, replay), UIREV_THROUGHPUT)
     now = series["t"][-1]
+    first = max([0] + [i for i, x in enumerate(series["t"]) if x - now < -SHOWN_S])
+    series = {"t": series["t"][first:], "all": series["all"][first:],
+              "owners": {o: ys[first:] for o, ys in series["owners"].items()}}
     xs = [x - now for x in series["t"]]
     hover = f"%{{y:.1f}} {t('room_tok_s', lang)}<extra>%{{fullData.name}}</extra>"
     data = [dict(type="scatter", mode="lines", name=markup(t("room_all", lang)), x=xs, y=series["all"],
@@ -331,9 +337,11 @@ def throughput_chart(records, me: str = "", lang: str = "en", replay: bool = Fal
     rows = _key_rows([(LINE, ROOM_COLOR, t("room_all", lang))]
                      + [(LINE, owner_color(o), owner_name(o, me, lang)) for o in series["owners"]], lang)
     key, bottom = _key_below(rows)
-    lay = layout(t("room_tps_title", lang).format(w=f"{ROLL_S:g}"), UIREV_THROUGHPUT, height=280 + 16 * len(rows),
-                 hovermode="x unified", annotations=[key], margin=dict(l=55, r=20, t=40, b=bottom),
-                 xaxis=dict(title=dict(text=t("room_time", lang)), gridcolor="#EEE", zeroline=False),
+    lay = layout(t("room_tps_title", lang).format(w=f"{ROLL_S:g}", span=f"{SHOWN_S:g}"), UIREV_THROUGHPUT,
+                 height=280 + 16 * len(rows), hovermode="x unified", annotations=[key],
+                 margin=dict(l=55, r=20, t=40, b=bottom),
+                 xaxis=dict(title=dict(text=t("room_time", lang)), range=[-SHOWN_S, 0], autorange=False,
+                            gridcolor="#EEE", zeroline=False),
                  yaxis=dict(title=dict(text=t("room_tok_s", lang)), rangemode="tozero", gridcolor="#EEE"))
     return figure(data, lay)
 
