@@ -77,7 +77,7 @@ class Add:
 
 
 @dataclass(frozen=True)
-class Pause:  # stop a Run after its current step
+class Pause:  # stop a Run after its current step, keeping every step that ran
     pass
 
 
@@ -142,6 +142,8 @@ def apply(session, cmd, ctx: Context | None = None) -> Outcome:
         return _preemption_demo(ctx)
     if isinstance(cmd, Pause):
         session.pause()
+        if not isinstance(session, ReplaySession):
+            session.settle()  # the steps that ran since the Run's last frame: the page is drawn from them next
         return Outcome(session)
     if isinstance(cmd, Run):  # a replay's run_steps shows its recorded frames one by one
         with session.lock:

@@ -75,11 +75,17 @@ class LabHandlers:
         except Exception as exc:  # noqa: BLE001
             yield self.delivery.error(exc, lang)
 
-    def pause(self, request: gr.Request = None):
+    def pause(self, lang="en", layer=0, head=0, word="", npos=None, visible="", request: gr.Request = None):
+        """Pause: the Run ends after the step in flight, and the page is drawn where the engine stopped (a Run's
+        frames are paced while the engine steps on, and a Run through Gradio is cancelled before its last)."""
         try:
-            cmd.apply(self._session(request), cmd.Pause())
+            s = self._session(request)
+            cmd.apply(s, cmd.Pause())
+            view = View.parse(lang, layer, head, word, npos, visible)
+            with s.lock:
+                return self.delivery.payload(s, view, *status_line(s, view.lang))
         except Exception:  # noqa: BLE001 - pausing a session that is still loading is a no-op
-            pass
+            return gr.skip()
 
     def add(self, prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
             lang, layer, head, word, npos, visible, grammar="", request: gr.Request = None):

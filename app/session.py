@@ -399,9 +399,12 @@ class LabSession:
     def run_steps(self):
         """Run: the room steps this tab's sequences until Pause (a standing grant, batched with the room) while
         the page draws; yields whenever steps arrived. A page that draws slower than the engine steps gets
-        several steps at once and draws the newest."""
+        several steps at once and draws the newest; after Pause it gets one last frame with the steps that ran
+        since the frame before (frames are paced, the engine is not: without it the page showed 130 tokens, the
+        engine held 132, and the next Step seemed to add 3)."""
         self.running = True
         self.room.run(self.owner)
+        late = []
         try:
             while self.running:
                 events = self.room.wait(self.owner)
@@ -416,11 +419,20 @@ class LabSession:
         finally:
             self.running = False
             self.room.pause(self.owner)
-            self._keep(self.room.wait(self.owner, timeout=0))  # steps that ran before the pause took hold
+            late = self.room.wait(self.owner, timeout=0)  # steps that ran before the pause took hold
+            self._keep(late)
+        if late:  # not when the consumer closed the run (GeneratorExit): nobody would draw it
+            yield
 
     def pause(self) -> None:
         self.running = False
         self.room.pause(self.owner)
+
+    def settle(self) -> None:
+        """Keep the events of steps that ran for this tab and were not kept yet (a Run's last steps, after
+        Pause): what the page is drawn from next is what the engine did."""
+        with self.lock:
+            self._keep(self.room.wait(self.owner, timeout=0))
 
     def _pace(self, since: float) -> None:
         """Let the engine run on before the next frame of a Run: building a frame is Python work that holds
