@@ -509,7 +509,8 @@ class IncrementalDetokenizer:
     decoder apply its context rules (SentencePiece spaces) exactly as a full decode would.
 
     Without stop strings, "".join(step.emitted) + finish() == tok.decode(output_ids,
-    skip_special_tokens=...) when prompt_ids is empty. With prompt_ids the prompt's last ids are
+    skip_special_tokens=...) when prompt_ids is empty, except for an unfinished last character (a
+    max_tokens cut inside it): decode renders its bytes as U+FFFD, finish() leaves them out (`dropped`). With prompt_ids the prompt's last ids are
     decoding context, taken so that the window starts on a character's first byte: the text is then
     what decode(prompt + output) adds to decode(prompt), for byte-level BPE exactly decode(output), for
     SentencePiece the same except that the first token keeps its leading space. A prompt that ends
@@ -548,6 +549,7 @@ class IncrementalDetokenizer:
         self._parts: list[str] = []
         self._finished = False
         self.stop: str | None = None  # the stop string that ended the stream, if any
+        self.dropped = b""  # the bytes of an unfinished last character, left out at finish()
 
         seed = self._seed([int(i) for i in prompt_ids if not self._skipped(int(i))])
         self._ids: list[int] = seed
@@ -659,11 +661,11 @@ class IncrementalDetokenizer:
 
         Cheap: emitted parts are only ever appended, so their count stands for them."""
         return (self._held, len(self._parts), self._finished, self.stop, list(self._ids), self._prefix,
-                self._read, self._prefix_text, self._pushes)
+                self._read, self._prefix_text, self._pushes, self.dropped)
 
     def restore(self, state: tuple) -> None:
         (held, n_parts, self._finished, self.stop, ids, self._prefix, self._read, self._prefix_text,
-         self._pushes) = state
+         self._pushes, self.dropped) = state
         self._held = held
         del self._parts[n_parts:]
         self._ids = list(ids)
@@ -721,13 +723,21 @@ class IncrementalDetokenizer:
     def finish(self) -> str:
         """Release everything held (call at EOS or the length limit) and close the stream.
 
-        An unfinished character at the very end comes out the way the tokenizer's decode renders it
-        (U+FFFD); a held stop prefix that never completed is released as text."""
+        A held stop prefix that never completed is released as text. An unfinished character at the very end
+        (max_tokens cut it) is not: its bytes never made a character, and decode would render them as U+FFFD,
+        which no answer should end in. They are kept in `dropped` instead (b"" when nothing was cut)."""
         if self._finished:
             return ""
         rest = ""
         if len(self._ids) > self._read:
+            tail = self._pending_tail()
             rest = self._decode(self._ids[self._prefix :])[len(self._prefix_text) :]
+            if tail:
+                # the tail decodes to U+FFFD: one for a byte-level BPE's lossy decode, one per byte for
+                # SentencePiece's ByteFallback; whatever complete text came before it is released
+                cut = len(rest) - len(rest.rstrip(_REPLACEMENT))
+                rest = rest[: len(rest) - min(cut, len(tail))]
+                self.dropped = tail
             self._prefix, self._read = self._read, len(self._ids)
         out, _ = self._release(rest, final=True)
         self._finished = True

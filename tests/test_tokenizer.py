@@ -90,15 +90,21 @@ def test_held_bytes_in_cjk_and_russian(hf_tokenizer):
         assert any(s.held_bytes for s in steps)
 
 
-def test_truncated_character_released_at_finish_as_decode_renders_it(hf_tokenizer):
+def test_truncated_character_left_out_at_finish(hf_tokenizer):
+    """A max_tokens cut inside a character: its bytes never made one. decode renders them as U+FFFD; the stream
+    leaves them out and keeps them in `dropped` (an answer must not end in "�")."""
     tok = hf_tokenizer
     ids = ids_of(tok, "ok 👩")
     cut = ids[:-1]  # drop the last byte token: the emoji is left unfinished
     det, steps, tail = stream(tok, cut)
     assert steps[-1].held_bytes
+    held = bytes.fromhex(steps[-1].held_bytes)
+    assert "👩".encode().startswith(held)
     assert all("\ufffd" not in s.emitted for s in steps)
-    assert "".join(s.emitted for s in steps) + tail == tok.decode(cut, skip_special_tokens=True)
-    assert tail.endswith("\ufffd")
+    assert det.dropped == held
+    # the space before the emoji came in the same token as its first bytes: held with them, released at finish
+    assert "".join(s.emitted for s in steps) + tail == det.text == "ok "
+    assert tok.decode(cut, skip_special_tokens=True) == det.text + "\ufffd"
 
 
 def test_special_tokens_skipped_or_kept(hf_tokenizer):
@@ -402,10 +408,12 @@ def test_stream_equals_decode_random_ids(hf_tokenizer, ids):
     # Arbitrary ids include invalid byte sequences and special tokens: the lossy decode must still
     # match, an invalid byte is released at once rather than waited on; ids past the vocabulary
     # decode to nothing.
-    det, steps, tail = stream(hf_tokenizer, ids)
-    assert "".join(s.emitted for s in steps) + tail == hf_tokenizer.decode(ids, skip_special_tokens=True)
-    det, steps, tail = stream(hf_tokenizer, ids, skip_special_tokens=False)
-    assert det.text == hf_tokenizer.decode(ids, skip_special_tokens=False)
+    # An unfinished last character is left out of the stream (`dropped`), where decode renders it as U+FFFD.
+    for skip in (True, False):
+        det, steps, tail = stream(hf_tokenizer, ids, skip_special_tokens=skip)
+        full = hf_tokenizer.decode(ids, skip_special_tokens=skip)
+        assert "".join(s.emitted for s in steps) + tail == det.text
+        assert det.text + det.dropped.decode("utf-8", errors="replace") == full
 
 
 # --------------------------------------------------------------------------------------------------
@@ -468,3 +476,15 @@ def test_sentencepiece_bpe_merges(sp_tokenizer):
         trace = bpe_merges(tok, word)
         assert trace[-1]["pieces"] == tok.convert_ids_to_tokens(ids_of(tok, word))
     assert bpe_merges(tok, "€")[0]["pieces"] == ["▁", "<0xE2>", "<0x82>", "<0xAC>"]
+
+
+def test_sentencepiece_truncated_character_left_out_at_finish(sp_tokenizer):
+    """ByteFallback renders an unfinished run as one U+FFFD per byte: all of them are left out, the text before
+    them is not."""
+    tok = sp_tokenizer
+    ids = ids_of(tok, "hello €")
+    cut = ids[:-1]  # <0xE2> <0x82> of the three bytes of €
+    det, steps, tail = stream(tok, cut)
+    assert det.dropped == "€".encode()[:2]
+    assert "".join(s.emitted for s in steps) + tail == det.text == "hello "
+    assert tok.decode(cut, skip_special_tokens=True) == "hello \ufffd\ufffd"
