@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     app, holder = create_app(args.model, args.device, kv_memory=args.kv_memory_mb * 1024 * 1024,
                              max_sessions=args.max_sessions,
                              allowed_origins=tuple(args.allow_origin) if args.allow_origin else None,
-                             socketless_timeout_s=args.idle_minutes * 60, weights=args.weights, api=api)
+                             socketless_timeout_s=args.idle_minutes * 60, weights=args.weights, api=api,
+                             listen_host=args.host)
     url = f"http://{args.host}:{args.port}"
     print(f"InferLab on {url}  (model: {args.model}, weights: {args.weights}, device: {args.device}, "
           f"torch threads: {compute.THREADS})",

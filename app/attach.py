@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 from collections import deque
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -258,10 +259,14 @@ class TargetPolicy:
 
 
 class AttachTarget:
+    """One OpenAI-compatible server. Every request the lab sends it goes through `call`, `open` or `aopen`, so a
+    target whose addresses the policy checked (`pin`) is reached at those addresses only."""
+
     def __init__(self, url: str, api_key: str | None = None, model: str | None = None):
         self.url = url.rstrip("/").removesuffix("/v1")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model = model
+        self.addresses: list = []  # where requests go when pinned; empty: the name is looked up as usual
         self.series: deque = deque(maxlen=SERIES_POINTS)  # (unix time, {quantity: value})
         self.metrics_note = ""  # why there are no metrics, when there are none
         self.metrics_absent = False  # the server answered that it has no /metrics (404): asked again after backoff
@@ -270,9 +275,71 @@ class AttachTarget:
         self._scraped = 0.0
         self._lock = threading.Lock()
 
+    def pin(self, addresses) -> None:
+        """Send every later request to these addresses (the ones the policy judged) instead of looking the host
+        up again: a name that answers differently after the check (DNS rebinding) cannot move the lab's requests
+        to an address the policy refuses. The URL's own host still goes out as the Host header and, over https,
+        as the TLS server name that the certificate is checked against."""
+        self.addresses = list(addresses)
+
+    def _routes(self, path: str) -> list[tuple[str, dict, dict]]:
+        """(url, headers, extensions) of each way to send a request to `path`, in the order to try them."""
+        if not self.addresses:
+            return [(self.url + path, self.headers, {})]
+        parts = urlsplit(self.url)
+        port = f":{parts.port}" if parts.port else ""
+        tls = {"sni_hostname": parts.hostname} if parts.scheme == "https" else {}
+        return [(f"{parts.scheme}://{f'[{a}]' if a.version == 6 else a}{port}{parts.path}{path}",
+                 {**self.headers, "Host": parts.netloc}, tls) for a in self.addresses]
+
+    @contextmanager
+    def open(self, method: str, path: str, timeout, **kw):
+        """A streamed response to one request (redirects never followed); with a pin, each checked address is
+        tried in turn until one accepts the connection, as a resolver's list would be."""
+        with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=not self.addresses) as client:
+            failed = None
+            for url, headers, ext in self._routes(path):
+                try:
+                    r = client.send(client.build_request(method, url, headers=headers, extensions=ext, **kw),
+                                    stream=True)
+                    break
+                except httpx.ConnectError as exc:
+                    failed = exc
+            else:
+                raise failed
+            try:
+                yield r
+            finally:
+                r.close()
+
+    def call(self, method: str, path: str, timeout, **kw) -> httpx.Response:
+        """One request, its whole answer read."""
+        with self.open(method, path, timeout, **kw) as r:
+            r.read()
+            return r
+
+    @asynccontextmanager
+    async def aopen(self, method: str, path: str, timeout, **kw):
+        """`open` for the event loop."""
+        async with httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=not self.addresses) as client:
+            failed = None
+            for url, headers, ext in self._routes(path):
+                try:
+                    r = await client.send(client.build_request(method, url, headers=headers, extensions=ext, **kw),
+                                          stream=True)
+                    break
+                except httpx.ConnectError as exc:
+                    failed = exc
+            else:
+                raise failed
+            try:
+                yield r
+            finally:
+                await r.aclose()
+
     def resolve_model(self, timeout: float = 30) -> str:
         """--model, else the first model the server's /v1/models lists (read either way: the server must answer)."""
-        r = httpx.get(self.url + "/v1/models", headers=self.headers, timeout=timeout, follow_redirects=False)
+        r = self.call("GET", "/v1/models", timeout)
         r.raise_for_status()
         if not self.model:
             self.model = r.json()["data"][0]["id"]
@@ -291,7 +358,7 @@ class AttachTarget:
             self._scraped = time.time()
             self.scrapes += 1
         try:
-            r = httpx.get(self.url + "/metrics", headers=self.headers, timeout=10, follow_redirects=False)
+            r = self.call("GET", "/metrics", 10)
             if r.status_code in ABSENT_STATUS:
                 with self._lock:
                     lo, hi = ABSENT_BACKOFF_S
@@ -319,8 +386,7 @@ class AttachTarget:
                 "stream_options": {"include_usage": True}, "logprobs": True, **params}
         sent = time.perf_counter()
         try:
-            with httpx.stream("POST", self.url + "/v1/chat/completions", json=body, headers=self.headers,
-                              timeout=httpx.Timeout(30, read=600), follow_redirects=False) as r:
+            with self.open("POST", "/v1/chat/completions", httpx.Timeout(30, read=600), json=body) as r:
                 if r.status_code != 200:
                     r.read()
                     run.error = _error_text(r)

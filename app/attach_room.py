@@ -115,18 +115,16 @@ async def _relay(target, body: dict, load, ticket: str):
     """The attached server's stream, line by line as it arrives; the server's token count goes to the round."""
     tokens, chunks, error = None, 0, ""
     try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=600)) as client:
-            async with client.stream("POST", target.url + "/v1/chat/completions", json=body,
-                                     headers=target.headers) as r:
-                if r.status_code != 200:
-                    await r.aread()
-                    error = f"HTTP {r.status_code}: {r.text[:200]}"
-                else:
-                    async for line in r.aiter_lines():
-                        if not line.startswith("data:"):
-                            continue
-                        tokens, chunks = _count(line[5:].strip(), tokens, chunks)
-                        yield line + "\n\n"
+        async with target.aopen("POST", "/v1/chat/completions", httpx.Timeout(30, read=600), json=body) as r:
+            if r.status_code != 200:
+                await r.aread()
+                error = f"HTTP {r.status_code}: {r.text[:200]}"
+            else:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    tokens, chunks = _count(line[5:].strip(), tokens, chunks)
+                    yield line + "\n\n"
     except httpx.HTTPError as exc:
         error = f"{type(exc).__name__}: {exc}"[:200]
     finally:

@@ -33,7 +33,7 @@ from .i18n import Refusal, lang_of, texts
 from .live import Hub
 from .openai_api import LOOPBACK
 from .room_load import RoomLoad
-from .web_guard import Refused, StateChangeGuard, read_body
+from .web_guard import Refused, WebGuard, read_body
 
 log = logging.getLogger("inferlab")
 
@@ -53,8 +53,8 @@ class Attachment:
 
     def switch(self, target: AttachTarget) -> None:
         # the policy first (ValueError: nothing is contacted), then the new server must answer before anything
-        # changes
-        self.policy.check(target.url)
+        # changes; it is reached at the addresses judged, never at a later answer for its name
+        target.pin(self.policy.check(target.url))
         target.resolve_model(timeout=10)
         self.target, self.tokenizer = target, Tokenizer(target.model, target)
 
@@ -82,8 +82,9 @@ def create_attach_app(url: str, api_key: str | None = None, model: str | None = 
     state = {"run": None}
     slots = threading.BoundedSemaphore(MAX_RUNNING)
     app = FastAPI(title="InferLab attach")
-    # every POST (this page's, the room's) needs a JSON body and no foreign Origin: the sockets' rule and list
-    app.add_middleware(StateChangeGuard, origins=lambda: hub.allowed_origins)
+    # every POST (this page's, the room's) needs a JSON body and no foreign Origin: the sockets' rule and list;
+    # on loopback, every request names this machine as its host (no DNS rebinding)
+    app.add_middleware(WebGuard, origins=lambda: hub.allowed_origins, pin_host=local)
 
     @app.get("/")
     def page(lang: str = "en"):

@@ -120,7 +120,7 @@ class Tokenizer:
         for route in routes:
             try:
                 if route == "/tokenize":
-                    r = httpx.post(t.url + route, headers=t.headers, timeout=30,
+                    r = t.call("POST", route, 30,
                                    json={"model": t.model, "messages": messages, "add_generation_prompt": True,
                                          "return_token_strs": True})
                     ids = r.json().get("tokens") if r.status_code == 200 else None
@@ -130,7 +130,7 @@ class Tokenizer:
                         return Tokens(None, strs if isinstance(strs, list) else [str(i) for i in ids], "server",
                                       ids=ids)
                 else:
-                    r = httpx.post(t.url + route, headers=t.headers, timeout=30,
+                    r = t.call("POST", route, 30,
                                    json={"model": t.model, "input": prompt})
                     ids = r.json().get("tokens") if r.status_code == 200 else None
                     if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
@@ -144,7 +144,7 @@ class Tokenizer:
         """Each token's text, read back one by one (llama-cpp-python's /extras/tokenize returns ids only)."""
         t, out = self.target, []
         for i in ids[:MAX_DETOKENIZE]:
-            r = httpx.post(t.url + "/extras/detokenize", headers=t.headers, timeout=30,
+            r = t.call("POST", "/extras/detokenize", 30,
                            json={"model": t.model, "tokens": [i]})
             out.append(r.json().get("text", str(i)) if r.status_code == 200 else str(i))
         return out + [str(i) for i in ids[MAX_DETOKENIZE:]]

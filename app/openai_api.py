@@ -32,7 +32,7 @@ from .openai_reply import Reply
 from .openai_run import RoomRun
 from .openai_schema import ApiError, ApiLimits, Job, parse_chat, parse_completion, parse_tokenize, tokenize
 from .ops_api import Proxies, client_address, mount_ops
-from .web_guard import BODY_TIMEOUT_S, Refused, check_state_change, read_body
+from .web_guard import BODY_TIMEOUT_S, Refused, read_body
 
 log = logging.getLogger("inferlab")
 
@@ -157,20 +157,9 @@ def mount(app, registry, holder, settings: ApiSettings, room_load=None):
     def names() -> set[str]:
         return {served_name(holder.model_id), holder.model_id, holder.source}
 
-    def origins(request) -> tuple[str, ...]:
-        # read at each request: the lab's Hub (its --allow-origin list, a Space's own page) is set up after this
-        hub = getattr(request.app.state, "hub", None)
-        return (*settings.allowed_origins, *getattr(hub, "allowed_origins", ()))
-
     async def read_post(request, cap: int):
-        """The JSON body of a POST, after the rule for every state-changing request (app/web_guard.py)."""
-        try:
-            check_state_change(request.headers, origins(request))
-        except Refused as exc:
-            log.info("%s refused (%s): origin %s, content type %s", request.url.path, exc.code,
-                     str(request.headers.get("origin"))[:80], str(request.headers.get("content-type"))[:60])
-            raise ApiError(exc.message, None, exc.code, exc.status,
-                           "permission_error" if exc.status == 403 else "invalid_request_error") from None
+        """The JSON body of a POST (its Origin and Content-Type were checked by app/web_guard.py's WebGuard, the
+        gate of every request to this server)."""
         return await _read_json(request, cap, settings.body_timeout_s)
 
     @app.get("/v1/models")

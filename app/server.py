@@ -14,6 +14,8 @@ from fastapi import WebSocket
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
+# Gradio's POST routes whose body is a form (the trace upload), not JSON: they keep the Origin rule only
+GRADIO_FORM_POSTS = ("/gradio_api/upload", "/gradio_api/process_recording")
 log = logging.getLogger("inferlab")
 
 
@@ -98,7 +100,8 @@ def follow_html(lang: str = "en") -> str:
 def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | None = None, base=None,
                presenter_token: str | None = None, max_sessions: int = 24,
                allowed_origins: tuple[str, ...] | None = None, socketless_timeout_s: float = 300.0,
-               weights: str = "fp32", api=None, wrong_token_delay_s: float = 1.0, page_loads=None):
+               weights: str = "fp32", api=None, wrong_token_delay_s: float = 1.0, page_loads=None,
+               listen_host: str = "127.0.0.1"):
     """Build the FastAPI app. With `base` (an Engine) no loading happens: used by tests.
 
     `presenter_token`: the lecture-mode secret (default: $INFERLAB_PRESENTER_TOKEN, else a random one,
@@ -115,6 +118,8 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     `wrong_token_delay_s`: how long a wrong presenter token's answer waits (per client address, app/live.py).
     `page_loads`: app.session.PageLoads, the per-address limit of page loads (default: PAGE_LOAD_BURST, then
     PAGE_LOADS_PER_MINUTE).
+    `listen_host`: the address uvicorn listens on; on loopback every request must name this machine as its Host
+    (app/web_guard.py: no DNS rebinding).
     """
     import os
 
@@ -131,6 +136,7 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     from .i18n import Refusal
     from .session import LabSession, SessionRegistry
     from .ui import build_demo
+    from .web_guard import WebGuard, openai_refusal
 
     # The room's engine thread releases the interpreter lock around every tensor operation and must win it
     # back while other threads build pages: a 0.2 ms switch interval (Python's default is 5 ms) bounds each
@@ -263,6 +269,11 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
     # and their text follows the browser's language, not the page's switch: a Russian page showed them English.
     app = gr.mount_gradio_app(app, demo, path="/", head=head_html(), theme=gr.themes.Soft(), ssr_mode=False,
                               max_file_size=MAX_UPLOAD_BYTES, footer_links=[])
+    # the one gate of every request, Gradio's included (app/web_guard.py): no foreign page changes state, and on
+    # loopback no request for another host name is answered. Gradio's uploads are multipart from its own page.
+    app.add_middleware(WebGuard, origins=lambda: (*api.allowed_origins, *hub.allowed_origins),
+                       pin_host=listen_host in openai_api.LOOPBACK and not os.environ.get("SPACE_HOST"),
+                       form_paths=GRADIO_FORM_POSTS, refusal=openai_refusal)
     app.state.registry, app.state.holder, app.state.hub, app.state.lecture = registry, holder, hub, lecture
     app.state.formats = getattr(demo.lab_handlers, "formats", None)  # the weight-formats panel's handlers
     app.state.pusher = pusher

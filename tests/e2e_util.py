@@ -29,18 +29,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(base_engine, kv_memory: int | None = 32 * 1024 * 1024, presenter_token: str | None = None,
-                   **create_kwargs):
-    """Serve the lab in this process (sharing the loaded model) until the block exits (`create_kwargs`: more
-    of create_app's settings, e.g. api=ApiSettings(...)). As `python -m app` serves it: proxy_headers=False, so
-    the client address is the lab's own rule's (uvicorn would otherwise believe X-Forwarded-For from any
-    loopback peer)."""
+def serving(app):
+    """Serve an ASGI app with uvicorn on a free loopback port, in this process, until the block exits; yields
+    its URL. As `python -m app` serves: proxy_headers=False, so the client address is the lab's own rule's
+    (uvicorn would otherwise believe X-Forwarded-For from any loopback peer)."""
     import uvicorn
 
-    from app.server import create_app
-
-    app, holder = create_app(base=base_engine, kv_memory=kv_memory, presenter_token=presenter_token,
-                             **create_kwargs)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            proxy_headers=False))
@@ -52,10 +46,23 @@ def running_server(base_engine, kv_memory: int | None = 32 * 1024 * 1024, presen
             raise RuntimeError("server did not start")
         time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}", app
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextmanager
+def running_server(base_engine, kv_memory: int | None = 32 * 1024 * 1024, presenter_token: str | None = None,
+                   **create_kwargs):
+    """Serve the lab in this process (sharing the loaded model) until the block exits (`create_kwargs`: more
+    of create_app's settings, e.g. api=ApiSettings(...)); yields (url, app)."""
+    from app.server import create_app
+
+    app, holder = create_app(base=base_engine, kv_memory=kv_memory, presenter_token=presenter_token,
+                             **create_kwargs)
+    with serving(app) as url:
+        yield url, app
 
 
 @contextmanager

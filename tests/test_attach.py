@@ -267,7 +267,7 @@ def test_the_page_can_point_at_another_server_from_this_machine_only(attached):
     assert r.status_code == 200 and r.json() == {"url": target, "model": MODEL}
     # a page served on a network address: only the presenter token may point it elsewhere
     app = create_attach_app(target, KEY, host="0.0.0.0", presenter_token=TOKEN)
-    with TestClient(app) as c:
+    with TestClient(app, base_url="http://localhost") as c:
         assert c.post("/attach/target", json={"url": target, "api_key": KEY}).status_code == 403
         assert c.post("/attach/target", json={"url": target, "api_key": KEY, "token": "nope"}).status_code == 403
         r = c.post("/attach/target", json={"url": target, "api_key": KEY, "token": TOKEN})
@@ -318,7 +318,7 @@ def test_tokens_from_the_servers_tokenize_endpoint_when_no_tokenizer_loads(attac
     assert none.pieces is None and none.note
     # the attach page with no tokenizer: panel 1 from the server's endpoint, as many tokens as the server counts
     app = create_attach_app(target, KEY, tokenizer_name="/nonexistent/tokenizer")
-    with TestClient(app) as c:
+    with TestClient(app, base_url="http://localhost") as c:
         answer = c.post("/attach/ask", json={"prompt": PROMPT, "max_tokens": 2})
         frames = [json.loads(x) for x in answer.text.split("\n") if x]
         panel = frames[-1]["html"]["attach-tokens"]
@@ -394,7 +394,7 @@ def test_the_header_names_a_gguf_by_its_file_and_panel_1_reads_its_tokens(attach
     target, _ = attached
     gguf = str(bundled_gguf_path())
     app = create_attach_app(target, KEY, model=gguf)
-    with TestClient(app) as c:
+    with TestClient(app, base_url="http://localhost") as c:
         page = c.get("/").text
         header = page[page.index('<p id="attach-target">'):page.index("</header>")]
         assert f'title="{gguf}">SmolLM2-135M-Instruct.Q4_1.gguf</span>' in header
@@ -467,7 +467,7 @@ def test_a_server_without_metrics_is_asked_less_and_less_often(attached):
     assert bare.retry_s() == 60 and bare.scrapes == 10
     # the lab has /metrics: every second, and /attach/metrics tells the page to keep its 2 s pace
     app = create_attach_app(target, KEY)
-    with TestClient(app) as c:
+    with TestClient(app, base_url="http://localhost") as c:
         first = c.get("/attach/metrics").json()
         assert first["absent"] is False and first["retry_s"] == 1 and first["points"] == 1
     lab = app.state.attachment.target

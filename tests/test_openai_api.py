@@ -453,7 +453,7 @@ def test_the_api_is_on_locally_and_off_in_public_unless_a_key_is_set():
     # an app with the API off answers every route 403 in OpenAI's error format, before touching the engine
     app = FastAPI()
     mount(app, SessionRegistry(), ModelHolder(), off)
-    with TestClient(app) as http:
+    with TestClient(app, base_url="http://localhost") as http:
         for method, path in (("get", "/v1/models"), ("post", "/v1/chat/completions"), ("post", "/v1/completions"),
                              ("post", "/tokenize"), ("post", "/detokenize")):
             r = http.request(method.upper(), path, json={} if method == "post" else None)

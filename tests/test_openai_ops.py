@@ -191,7 +191,7 @@ def test_on_a_public_deployment_without_a_key_metrics_and_health_stay_open_and_t
         holder = ModelHolder()
         holder.progress = 0.4
         mount(app, SessionRegistry(), holder, settings)
-        with TestClient(app) as http:
+        with TestClient(app, base_url="http://localhost") as http:
             m = http.get("/metrics")
             h = http.get("/health")
             if open_ops:
