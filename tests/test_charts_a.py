@@ -265,11 +265,33 @@ def test_logits_chart_matches_the_sampling_trace(run):
                    zip(ticks, smp.token_texts))
         title = fig["layout"]["title"]["text"]
         assert f"{stats.entropy:.2f} nats" in title and f"{stats.entropy / math.log(2):.2f} bits" in title
-        assert f"rank {smp.chosen_rank}" in title and f"{smp.chosen_prob:.3f}" in title
+        assert f"rank {smp.chosen_rank + 1}" in title and f"{smp.chosen_prob:.3f}" in title
         # the key names the probability bars in their colours
         assert key_items(fig) == [(b["marker"]["color"], b["name"]) for b in (prob_bar, final_bar)]
     ru = LG.logits_chart(smp, stats, lang="ru")
     assert ru["layout"]["title"]["text"] != fig["layout"]["title"]["text"]
+
+
+def test_ranks_are_counted_from_one(run):
+    """The page counts ranks as a reader does: the token with the highest raw logit is rank 1 (it read "raw rank
+    0"). Checked on request B's greedy steps against the raw logits the engine traced."""
+    from app.charts import sampling as SM
+    tops = 0
+    for e in run.events:
+        sev = e.seq(run.b)
+        if sev is None or sev.sampling is None:
+            continue
+        smp = sev.sampling
+        raw = dict(zip(smp.token_ids, smp.stages[0].logits))  # the tracked tokens: the top ones by raw logit
+        ahead = sum(1 for t, x in raw.items() if x > raw[smp.chosen])
+        assert smp.chosen_rank == ahead  # the engine counts the tokens ahead of the chosen one
+        lg = LG.logits_chart(smp, sev.logit_stats)["layout"]["title"]["text"]
+        chain = SM.sampling_chain_chart(smp)["layout"]["title"]["text"]
+        assert f"rank {ahead + 1}," in lg and f"raw rank {ahead + 1})" in chain
+        tops += raw[smp.chosen] == max(raw.values())
+    assert tops  # greedy: the top token, shown as rank 1
+    ru = LG.logits_chart(smp, sev.logit_stats, lang="ru")["layout"]["title"]["text"]
+    assert f"ранг {ahead + 1}," in ru
 
 
 def test_perplexity_chart(run):

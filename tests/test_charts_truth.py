@@ -84,7 +84,7 @@ def test_logits_chart_names_the_forced_token_and_what_would_have_been_sampled(fo
     chosen_label = logits.id_label(smp.token_texts[ids.index(smp.chosen)], smp.chosen)
     assert f"forced «{f.label()}» (id {f.token})" in title
     assert f"would have sampled «{chosen_label}»" in title
-    assert f"p = {math.exp(f.logprob):.3f}" in title and f"rank {f.rank}" in title
+    assert f"p = {math.exp(f.logprob):.3f}" in title and f"rank {f.rank + 1}" in title  # counted from 1
     logit_bars = fig["data"][0]
     colors = logit_bars["marker"]["color"]
     assert colors[ids.index(f.token)] == logits.FORCED_COLOR and colors[ids.index(smp.chosen)] == logits.CHOSEN_COLOR

@@ -23,6 +23,12 @@ def seq_color(seq_id: int) -> str:
     return SEQ_COLORS[int(seq_id) % len(SEQ_COLORS)]
 
 
+def rank_shown(ahead: int) -> int:
+    """A token's rank as a reader counts it, 1 for the most likely, from the engine's count of the tokens ahead
+    of it (SamplingTrace.chosen_rank, LogitStats.token_rank: 0 for the top token)."""
+    return int(ahead) + 1
+
+
 def to_np(x: Any) -> np.ndarray:
     """Tensor, list or array -> float numpy array (None -> nan)."""
     if x is None:

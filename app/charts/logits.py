@@ -10,7 +10,7 @@ from engine.events import LogitStats
 from engine.sampling import SamplingTrace, StageSnapshot
 
 from .attention import seq_events
-from .common import ACCENT, BAR, DOTS, GREY, LABEL_CHARS, LINE, empty, figure, label_px, layout, legend_key, plain, rotated_px, shorten
+from .common import ACCENT, BAR, DOTS, GREY, LABEL_CHARS, LINE, empty, figure, label_px, layout, legend_key, plain, rank_shown, rotated_px, shorten
 from ..i18n import texts
 
 MAX_POINTS = 512
@@ -190,12 +190,12 @@ def _title(sampling: SamplingTrace, logit_stats: LogitStats | None, labels: list
     lines = []
     if forced is not None:
         p = "–" if forced.logprob is None else _prob(math.exp(forced.logprob))
-        rank = "–" if forced.rank is None else forced.rank
+        rank = "–" if forced.rank is None else rank_shown(forced.rank)
         lines.append(t["forced_line"].format(tok=f"«{forced.label()}»", id=forced.token, rank=rank, p=p)
                      + ("" if forced.token in ids else t["not_shown"]))
-        lines.append(t["would"].format(tok=tok, rank=sampling.chosen_rank, p=sampling.chosen_prob))
+        lines.append(t["would"].format(tok=tok, rank=rank_shown(sampling.chosen_rank), p=sampling.chosen_prob))
     elif chosen >= 0:
-        sub.append(t["chosen"].format(tok=tok, rank=sampling.chosen_rank, p=sampling.chosen_prob))
+        sub.append(t["chosen"].format(tok=tok, rank=rank_shown(sampling.chosen_rank), p=sampling.chosen_prob))
     rows = [" · ".join(sub)] if sub else []
     rows += lines
     return t["title"] + "".join(f"<br><span style='font-size:11px;color:#555'>{r}</span>" for r in rows)

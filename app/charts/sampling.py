@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.sampling import SamplingTrace, StageSnapshot
 
-from .common import ABOVE_PLOT, ACCENT, GREY, LABEL_CHARS, empty, figure, label_px, layout, plain, rotated_px
+from .common import ABOVE_PLOT, ACCENT, GREY, LABEL_CHARS, empty, figure, label_px, layout, plain, rank_shown, rotated_px
 from .logits import FORCED_COLOR, Forced, row_role
 from ..i18n import texts
 
@@ -129,14 +129,14 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
                                 hovertext=tx["stage_hover"].format(name=label, kept=kept_n, vocab=vocab, removed=removed)))
 
     tok = plain(texts[ids.index(chosen)] if chosen in ids else f"#{chosen}")
-    title = tx["chain_title"].format(tok=tok, p=sampling.chosen_prob, rank=sampling.chosen_rank)
+    title = tx["chain_title"].format(tok=tok, p=sampling.chosen_prob, rank=rank_shown(sampling.chosen_rank))
     grammar_line = "<br>".join(line for line in (_grammar_line(sampling, tx), _bias_line(sampling, tx)) if line)
     if grammar_line:
         title += "<br>" + grammar_line
     extra, shapes = {}, []
     if forced is not None:
         title = tx["chain_title_forced"].format(forced=forced.label(), tok=tok, p=sampling.chosen_prob,
-                                                rank=sampling.chosen_rank)
+                                                rank=rank_shown(sampling.chosen_rank))
         if forced.token in ids:  # the forced row banded across every stage, as in the logits chart
             k = ids.index(forced.token)
             shapes.append(dict(type="rect", xref="paper", yref="y", x0=0, x1=1, y0=k - 0.5, y1=k + 0.5,
