@@ -353,6 +353,37 @@ def test_timeline_bars_equal_step_ms(run):
     assert f"forward {mixed.timing.forward_ms:.1f} ms" in hover
 
 
+def _lab(colour: str) -> tuple[float, float, float]:
+    """CIE L*a*b* of an sRGB "#rrggbb" (D65)."""
+    lin = [(c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4)
+           for c in (int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5))]
+    xyz = [sum(w * c for w, c in zip(row, lin)) / n for row, n in
+           (((0.4124, 0.3576, 0.1805), 0.95047), ((0.2126, 0.7152, 0.0722), 1.0), ((0.0193, 0.1192, 0.9505), 1.08883))]
+    f = [v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in xyz]
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def colour_distance(a: str, b: str) -> float:
+    """CIE76 ΔE: about 2 is just noticeable, 25 or more reads as another colour at a glance."""
+    return math.dist(_lab(a), _lab(b))
+
+
+def test_timeline_step_kinds_and_sequences_never_share_a_colour(run):
+    """One key names both the sequences and the kinds of step: "mixed step" was the orange of "seq #1"."""
+    _, events = run
+    fig = timeline.timeline_chart(events)
+    (key,) = [a for a in fig["layout"]["annotations"] if a.get("name") == "legend-key"]
+    items = re.findall(r"<span style='color:([^']+)'>[^<]*</span> ([^<]+?)(?=   |<br>|$)", key["text"])
+    seqs = [c for c, name in items if name.startswith("seq #")]
+    kinds = [c for c, name in items if name.endswith(" step")]
+    assert len(seqs) >= 2 and "mixed" in {timeline.step_kind(e) for e in events} and len(kinds) >= 3
+    # every sequence colour there may be, against every kind of step the key names (and the kinds against each
+    # other); an idle step, grey, has no sequence to be confused with
+    for kind in (timeline.KIND_COLORS[k] for k in ("prefill", "decode", "mixed")):
+        assert all(colour_distance(kind, c) >= 25 for c in SEQ_COLORS + [timeline.OTHER_COLOR]), kind
+    assert all(colour_distance(a, b) >= 25 for i, a in enumerate(kinds) for b in kinds[i + 1:])
+
+
 def test_latency_table_equals_seq_times(run):
     _, events = run
     fig = timeline.latency_table(events)

@@ -11,6 +11,7 @@ import math
 from .common import (ABOVE_PLOT, BAR, FREE, GREY, KEY_CHARS, KEY_ROW, LINE, empty, figure, fmt_bytes, fmt_int,
                      fmt_num, fmt_si, key_rows, layout, legend_key)
 from ..i18n import t, texts
+from .timeline import KIND_COLORS as TIMELINE_KINDS
 
 UIREV_KV = "chart-calc-kv"
 UIREV_FIT = "chart-calc-fit"
@@ -21,7 +22,7 @@ UIREV_SPEC = "chart-calc-spec"
 DTYPE_COLORS = {"fp32": "#4C78A8", "bf16": "#F58518", "fp8": "#54A24B", "int8": "#9D755D", "q4": "#72B7B2",
                 "int4": "#B279A2"}
 MEM_COLORS = {"weights": "#4C78A8", "reserve": GREY, "kv": "#F58518", "unused": FREE}
-KIND_COLORS = {"prefill": "#6A51A3", "decode": "#2CA02C"}  # the same as the live roofline's
+KIND_COLORS = {k: TIMELINE_KINDS[k] for k in ("prefill", "decode")}  # the same as the live roofline's
 ROOF_COLOR = "#444444"
 K_COLORS = ["#9ECAE1", "#6BAED6", "#3182BD", "#08519C", "#08306B", "#F58518"]
 

@@ -13,7 +13,9 @@ from ..i18n import t, texts
 UIREV_TIMELINE = "chart-timeline"
 UIREV_LATENCY = "chart-latency"
 UIREV_ROOFLINE = "chart-roofline"
-KIND_COLORS = {"prefill": "#6A51A3", "decode": "#2CA02C", "mixed": "#FF7F0E", "idle": GREY}
+# A step's kind in dark shades, far from every sequence's colour (common.SEQ_COLORS, drawn in the same chart's
+# batch strip and key): "mixed" was the orange of seq #1, "decode" the green of seq #2
+KIND_COLORS = {"prefill": "#2D004B", "decode": "#00441B", "mixed": "#8C2D04", "idle": GREY}
 ROOF_COLOR = "#444444"
 HATCH, HOLLOW = "▨", "□"
 
