@@ -297,3 +297,141 @@ def test_a_pinned_https_target_keeps_its_name_for_tls():
     for _, headers, extensions in routes:
         assert headers == {"Authorization": "Bearer KEY", "Host": "models.example:8443"}
         assert extensions == {"sni_hostname": "models.example"}
+
+
+# ---- every socket against generated messages -----------------------------------------------------------------
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
+                                                                                  max_size=4), max_leaves=16)
+
+
+def _messages(ops: tuple[str, ...], fields: tuple[str, ...]):
+    """Text frames a hostile client sends: not JSON, JSON that is no object, and objects whose op and fields
+    are near the protocol's (its ops and names with values of every kind)."""
+    shaped = st.fixed_dictionaries({"op": st.sampled_from((*ops, "", "nope", 1))},
+                                   optional={f: _json for f in fields})
+    return st.one_of(st.text(max_size=120), _json, shaped).map(
+        lambda m: m if isinstance(m, str) else json.dumps(m, allow_nan=True))
+
+
+class _Errors:
+    """Log records of this process that carry an exception (a handler's traceback) while a test runs."""
+
+    def __enter__(self):
+        import logging
+
+        self.records, self.handler = [], logging.Handler()
+        self.handler.emit = lambda r: self.records.append(r) if r.exc_info else None
+        logging.getLogger().addHandler(self.handler)
+        return self.records
+
+    def __exit__(self, *exc):
+        import logging
+
+        logging.getLogger().removeHandler(self.handler)
+
+
+async def _exchange(url: str, path: str, frames: list[str], expect, origin: str | None = None) -> list[dict]:
+    """Send each frame on one socket and wait for the server's answer to it (`expect(msg)` says which message
+    answers); the socket must stay open throughout."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    answers = []
+    async with connect(url.replace("http://", "ws://") + path, proxy=None, max_size=None, origin=origin) as ws:
+        for frame in frames:
+            await ws.send(frame)
+            while True:
+                msg = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                if expect(msg):
+                    answers.append(msg)
+                    break
+    return answers
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frames=st.lists(_messages(("load_report",), ("round", "ok", "ttft_ms", "tokens", "error")), min_size=1,
+                       max_size=6),
+       data=st.data())
+def test_viewer_sockets_answer_every_generated_message(servers, frames, data):
+    import asyncio
+
+    lab, _, page, _ = servers
+    url = data.draw(st.sampled_from([lab, page]))
+    with _Errors() as errors:
+        answers = asyncio.run(_exchange(url, "/ws/follow", frames, lambda m: m["type"] in ("ok", "error")))
+    assert len(answers) == len(frames) and all(a["type"] == "error" and a["error"] for a in answers)
+    assert not errors, [r.getMessage() for r in errors]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frames=st.lists(_messages(("start", "step", "reset", "load", "load_summary"),
+                                 ("prompt", "chat", "system", "params", "count", "max_tokens", "temperature")),
+                       min_size=1, max_size=6),
+       data=st.data())
+def test_presenter_sockets_answer_every_generated_message_before_auth(servers, frames, data):
+    """Without the token nothing a script sends is run: each message is answered with an error, the socket
+    stays, and no KV block is taken."""
+    import asyncio
+
+    lab, _, page, _ = servers
+    url = data.draw(st.sampled_from([lab, page]))
+    before = _state(lab, page)
+    with _Errors() as errors:
+        answers = asyncio.run(_exchange(url, "/ws/present", frames, lambda m: m["type"] in ("ok", "error")))
+    assert [a["type"] for a in answers] == ["error"] * len(frames)
+    assert _state(lab, page) == before
+    assert not errors, [r.getMessage() for r in errors]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frames=st.lists(_messages(("start", "step", "reset", "load_summary"),
+                                 ("prompt", "chat", "system", "params", "count")), min_size=1, max_size=4))
+def test_an_authenticated_presenter_script_gets_an_answer_to_every_generated_message(servers, frames):
+    """The presenter's own bad messages (wrong types, unknown SamplingParams fields, counts out of range) are
+    answered, never raised into the socket or the log; the lab still serves a page afterwards."""
+    import asyncio
+
+    lab = servers[0]
+    auth = json.dumps({"op": "auth", "token": TOKEN})
+    with _Errors() as errors:
+        answers = asyncio.run(_exchange(lab, "/ws/present", [auth, *frames],
+                                        lambda m: m["type"] in ("ok", "error")))
+    assert answers[0] == {"type": "ok", "op": "auth"}
+    assert all(a["type"] == "ok" or a["error"] for a in answers[1:])
+    assert not errors, [r.getMessage() for r in errors]
+    assert httpx.get(lab + "/healthz", timeout=30).json()["ready"]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frames=st.lists(_messages(("step", "focus", "view"), ("inputs", "seq")), min_size=1, max_size=4))
+def test_a_tab_socket_answers_every_generated_message(servers, frames):
+    """A tab's socket (bound to its session by the ticket of its page load) answers each message with a
+    payload, an error one for what it cannot read, and stays open."""
+    import asyncio
+
+    from test_hostile_sessions import Page, fresh
+
+    lab = servers[0]
+    ticket, message = Page(lab).hello(fresh(), headers={"Origin": lab})
+    assert ticket and not message
+
+    async def go():
+        from websockets.asyncio.client import connect
+
+        async with connect(lab.replace("http://", "ws://") + f"/ws/lab?ticket={ticket}", proxy=None,
+                           max_size=None, origin=lab) as ws:
+            while json.loads(await ws.recv())["type"] != "bound":
+                pass
+            got = 0
+            for frame in frames:
+                await ws.send(frame)
+                while json.loads(await asyncio.wait_for(ws.recv(), 120))["type"] != "payload":
+                    pass
+                got += 1
+            return got
+
+    with _Errors() as errors:
+        assert asyncio.run(go()) == len(frames)
+    assert not errors, [r.getMessage() for r in errors]
