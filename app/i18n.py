@@ -109,6 +109,7 @@ UI = {
     "viewers": {"en": "viewers", "ru": "зрителей"},
     # the room panel (app/charts/room.py): one shared engine, every tab's sequences batched together
     "room_you": {"en": "you", "ru": "вы"},
+    "room_presenter": {"en": "presenter", "ru": "ведущий"},  # the presenting tab, on a follower's page
     "room_no_steps": {"en": "No steps yet: press Step or Run — every tab's steps appear here.",
                       "ru": "Шагов ещё нет: нажмите «Шаг» или «Запуск» — здесь появятся шаги всех вкладок."},
     "room_replay": {"en": "A recording holds one tab's view only: the room's shared engine is shown live.",

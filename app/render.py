@@ -66,13 +66,16 @@ def panel_headers(lang: str) -> dict[str, str]:
 def build_payload(s: LabView, lang: str = "en", layer: int = 0, head: int = 0, word: str = "",
                   neighbour_pos: int | None = None, machine: dict | None = None,
                   what_if: SamplingTrace | None = None,
-                  message: str = "", message_kind: str = "info", only: set[str] | None = None) -> dict:
+                  message: str = "", message_kind: str = "info", only: set[str] | None = None,
+                  me_mark: str = "room_you") -> dict:
     """The panels' figures and HTML for the session's current state.
 
     `only`: the chart containers to build (those in the user's view); the rest are listed as "stale" and
-    fetched when they scroll into view. None builds everything.
+    fetched when they scroll into view. None builds everything. `me_mark`: the i18n key of the word the room
+    charts put after the session's own tab ("room_presenter" in a lecture's frames: not the follower's tab).
     """
-    payload = _build(s, lang, layer, head, word, neighbour_pos, machine, what_if, message, message_kind, only)
+    payload = _build(s, lang, layer, head, word, neighbour_pos, machine, what_if, message, message_kind, only,
+                     me_mark)
     if only is not None:
         payload["stale"] = sorted(set(CHART_IDS) - set(payload["figs"]))
     return payload
@@ -111,7 +114,7 @@ class _Lazy(dict):
 
 
 def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if, message, message_kind,
-           only) -> dict:
+           only, me_mark="room_you") -> dict:
     layer = max(0, min(int(layer), s.num_layers - 1))
     head = max(0, min(int(head), s.num_heads - 1))
     events = s.events
@@ -144,7 +147,7 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
         if last is not None:
             figs.put("chart-kv-pool", lambda: kv_cache.block_pool_chart(last, lang))
             figs.put("chart-timeline", lambda: timeline.timeline_chart(events, lang, me))
-        _room(s, lang, figs, htmls, failed)  # the room's steps show while this tab has nothing of its own
+        _room(s, lang, figs, htmls, failed, me_mark)  # the room's steps show while this tab has nothing of its own
         return {"figs": dict(figs), "html": htmls}
 
     req = s.requests[sid]
@@ -224,7 +227,7 @@ def _build(s: LabView, lang, layer, head, word, neighbour_pos, machine, what_if,
     figs.put("chart-spec-speedup", lambda: speculative.speedup_chart(getattr(s, "spec_comparison", None), lang))
 
     # 10 · the room: the shared engine's steps, everyone's sequences
-    _room(s, lang, figs, htmls, failed)
+    _room(s, lang, figs, htmls, failed, me_mark)
     return {"figs": dict(figs), "html": htmls}
 
 
@@ -273,19 +276,20 @@ def _bpe_html(s, word: str, lang: str, figs: _Lazy, failed: str) -> str:
         return message_html(exc.text(lang) if isinstance(exc, Refusal) else str(exc), "warn")
 
 
-def _room(s: LabView, lang: str, figs: _Lazy, htmls: dict, failed: str) -> None:
+def _room(s: LabView, lang: str, figs: _Lazy, htmls: dict, failed: str, mark: str = "room_you") -> None:
     """The room panel from the session's room_records / room_blocks / room_me (a session without them, or a
-    replay, which holds one tab's view only, gets the panel's note)."""
+    replay, which holds one tab's view only, gets the panel's note); `mark` names room_me's tab (i18n key)."""
     records = list(getattr(s, "room_records", None) or [])
     me = str(getattr(s, "room_me", "") or "")
     replay = bool(getattr(s, "untrusted", False))
-    figs.put("chart-room-batch", lambda: room.batch_strip_chart(records, me, lang, replay))
+    figs.put("chart-room-batch", lambda: room.batch_strip_chart(records, me, lang, replay, mark))
     # the pool's owners are read from the engine only when the pool chart is wanted
     figs.put("chart-room-pool", lambda: room.pool_chart(list(getattr(s, "room_blocks", None) or []), records, me,
-                                                         lang, replay))
-    figs.put("chart-room-throughput", lambda: room.throughput_chart(records, me, lang, replay))
+                                                         lang, replay, mark))
+    figs.put("chart-room-throughput", lambda: room.throughput_chart(records, me, lang, replay, mark))
     figs.put("chart-room-size", lambda: room.batch_size_chart(records, lang, replay))
-    htmls["html-room-log"] = figs.draw(lambda: room.event_log_html(records, me, lang, replay), lambda: failed)
+    htmls["html-room-log"] = figs.draw(lambda: room.event_log_html(records, me, lang, replay, mark),
+                                     lambda: failed)
 
 
 def room_payload(s, lang: str, only: set[str]) -> dict:

@@ -186,7 +186,9 @@ def create_app(source: str = "bundled", device: str = "cpu", kv_memory: int | No
 
     def lecture_frame(s, view):
         lang, layer, head, word, npos = view
-        frame = render.build_payload(s, lang, layer, head, word, npos, holder.machine, None, "", "info", only=None)
+        # the followers' pages: the presenter's tab is marked as the presenter's, not as "you"
+        frame = render.build_payload(s, lang, layer, head, word, npos, holder.machine, None, "", "info", only=None,
+                                     me_mark="room_presenter")
         if getattr(s, "tour", None):
             frame["tour"] = s.tour  # viewers' pages follow the presenter's guided tour
         return frame

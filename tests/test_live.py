@@ -373,3 +373,26 @@ def test_both_pages_get_the_constants_in_their_head(server):
         page = httpx.get(http + path, timeout=30).text
         assert page.count("window.INFERLAB =") == 1, path
         assert page.index("window.INFERLAB =") < page.index("/lab-static/lab.js") < page.index("</head>"), path
+
+
+def test_followers_see_the_presenters_tab_marked_as_the_presenters(server):
+    """A follower's frame is the presenter's session drawn for the room: the room charts named the presenting
+    tab "(you)", which on a follower's screen is not the follower's tab (issue 37)."""
+    _, app = server
+    h = LabHandlers(app.state.registry, app.state.holder, app.state.hub, app.state.lecture)
+    request = SimpleNamespace(session_hash="tab-presenter-mark")
+    own = json.loads(h.step("What is gravity?", True, "", 0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 1, 8, "", "en", 0, 0, "",
+                            None, "", "", request))
+    s = app.state.registry.sessions["tab-presenter-mark"]
+    frame = app.state.lecture.build_frame(s, ("en", 0, 0, "", None))
+
+    def names(payload):  # who each segment of the room's batch strip is, as its hover names it
+        return {c[0] for tr in payload["figs"]["chart-room-batch"]["data"] for c in tr.get("customdata") or []}
+
+    label = s.owner  # "tab 3": the charts name it so in English
+    assert f"{label} (you)" in names(own)  # the tab's own page: its own tab
+    assert f"{label} (presenter)" in names(frame) and not any("(you)" in n for n in names(frame))
+    assert "(you)" not in frame["html"]["html-room-log"] and f"{label} (presenter)" in frame["html"]["html-room-log"]
+    ru = app.state.lecture.build_frame(s, ("ru", 0, 0, "", None))
+    assert any("(ведущий)" in n for n in names(ru))
+    app.state.registry.drop("tab-presenter-mark")

@@ -83,15 +83,16 @@ def owner_color(owner: str) -> str:
     return POOL_COLORS[owner_code(owner)]
 
 
-def owner_name(owner: str, me: str, lang: str) -> str:
+def owner_name(owner: str, me: str, lang: str, mark: str = "room_you") -> str:
     """The label as a chart shows it, in the page's language: "tab 2" is "вкладка 2" on a Russian page, this
-    tab's own is "tab 2 (you)"; a sequence with no owner "—"."""
+    tab's own is "tab 2 (you)"; a sequence with no owner "—". `mark`: the i18n key of the word for `me`
+    ("room_presenter" on a follower's page, whose own tab is not in the room: it shows the presenter's)."""
     if not owner:
         return "—"
     kind, num = _label_parts(owner)
     key = f"room_owner.{kind}"
     name = (t(key, lang) if key in UI else kind) + ("" if num is None else f" {num}")
-    return f"{name} ({t('room_you', lang)})" if me and owner == me else name
+    return f"{name} ({t(mark, lang)})" if me and owner == me else name
 
 
 def owners_shown(records, blocks=()) -> set[str]:
@@ -125,8 +126,8 @@ def _key_below(rows: list[list[tuple[str, str, str]]]) -> tuple[dict, int]:
     return note, 48 + 16 * len(rows)
 
 
-def _owners_key(owners, me: str, lang: str) -> list[tuple[str, str, str]]:
-    return [(BAR, owner_color(o), owner_name(o, me, lang)) for o in sorted(owners, key=owner_order)]
+def _owners_key(owners, me: str, lang: str, mark: str) -> list[tuple[str, str, str]]:
+    return [(BAR, owner_color(o), owner_name(o, me, lang, mark)) for o in sorted(owners, key=owner_order)]
 
 
 # ---- 1 · the batch strip ----------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ def batch_segments(records, me: str = "") -> list[dict]:
     return out
 
 
-def batch_strip_chart(records, me: str = "", lang: str = "en", replay: bool = False) -> dict:
+def batch_strip_chart(records, me: str = "", lang: str = "en", replay: bool = False, mark: str = "room_you") -> dict:
     """x = step, one stacked unit segment per sequence in that step (so a bar's height is the batch size),
     coloured by owner; prefill solid, decode faded, speculative verify hatched; this tab's segments outlined.
 
@@ -168,14 +169,14 @@ def batch_strip_chart(records, me: str = "", lang: str = "en", replay: bool = Fa
                                  size=6, solidity=0.35),
                     line=dict(color=[ME_LINE if me and s["owner"] == me else "#FFFFFF" for s in segs],
                               width=[2 if me and s["owner"] == me else 0.5 for s in segs])),
-        customdata=[[markup(owner_name(s["owner"], me, lang)), s["seq_id"], phase_name.get(s["phase"], s["phase"]),
-                     s["num_processed"], s["num_emitted"],
+        customdata=[[markup(owner_name(s["owner"], me, lang, mark)), s["seq_id"],
+                     phase_name.get(s["phase"], s["phase"]), s["num_processed"], s["num_emitted"],
                      t("room_constrained", lang).format(kind=s["grammar"]) if s["grammar"] else ""] for s in segs],
         hovertemplate=(f"<b>%{{customdata[0]}}</b> · {t('room_seq', lang)} %{{customdata[1]}}%{{customdata[5]}}"
                        f"<br>%{{customdata[2]}}"
                        f"<br>%{{customdata[3]}} {t('room_processed', lang)} · %{{customdata[4]}} "
                        f"{t('room_emitted', lang)}<br>{t('room_step', lang)} %{{x}}<extra></extra>"))]
-    rows = _key_rows(_owners_key({s["owner"] for s in segs}, me, lang), lang)
+    rows = _key_rows(_owners_key({s["owner"] for s in segs}, me, lang, mark), lang)
     rows.append([(BAR, "rgba(85,85,85,1)", phase_name["prefill"]), (BAR, "rgba(85,85,85,0.45)", phase_name["decode"]),
                  (HATCH, "rgba(85,85,85,0.8)", phase_name["verify"])])
     key, bottom = _key_below(rows)
@@ -217,7 +218,8 @@ def _hit_line(pool: dict, lang: str) -> str:
                                       prompt=int(pool.get("prompt_tokens") or 0))
 
 
-def pool_chart(blocks, records=(), me: str = "", lang: str = "en", replay: bool = False) -> dict:
+def pool_chart(blocks, records=(), me: str = "", lang: str = "en", replay: bool = False,
+               mark: str = "room_you") -> dict:
     """The shared pool as a grid (block id = row * cols + col): owners' colours, shared blocks dark, cached grey,
     free near-white; this tab's blocks carry a dot. The title counts used blocks of the total and gives the
     prefix hit rate of the latest record's pool stats. customdata per cell = [block id, what holds it]."""
@@ -236,7 +238,7 @@ def pool_chart(blocks, records=(), me: str = "", lang: str = "en", replay: bool 
         r, c = divmod(i, cols)
         z[r][c] = pool_code(b)
         text[r][c] = "•" if me and b == me else ""
-        cd[r][c] = [i, markup(what.get(b) or owner_name(b, me, lang))]
+        cd[r][c] = [i, markup(what.get(b) or owner_name(b, me, lang, mark))]
     num = len(POOL_COLORS)
     heat = dict(type="heatmap", name="blocks", z=z, text=text, texttemplate="%{text}", textfont=dict(size=10),
                 customdata=cd, hovertemplate=f"{t('room_block', lang)} %{{customdata[0]}}<br>%{{customdata[1]}}"
@@ -246,7 +248,8 @@ def pool_chart(blocks, records=(), me: str = "", lang: str = "en", replay: bool 
                 x=list(range(cols)), y=list(range(rows)))
     counts = pool_counts(blocks)
     owners = [o for o in counts if o not in what]
-    items = [(BAR, owner_color(o), f"{owner_name(o, me, lang)}: {counts[o]}") for o in sorted(owners, key=owner_order)]
+    items = [(BAR, owner_color(o), f"{owner_name(o, me, lang, mark)}: {counts[o]}")
+             for o in sorted(owners, key=owner_order)]
     rows_key = _key_rows(items, lang)
     # packed into rows that fit the chart at its narrowest (the three in one row ran off it in Russian)
     rows_key += key_rows([(BAR, SHARED_COLOR, f"{what['shared']}: {counts.get('shared', 0)}"),
@@ -314,7 +317,7 @@ def throughput_series(records, window_s: float = ROLL_S) -> dict:
     return out
 
 
-def throughput_chart(records, me: str = "", lang: str = "en", replay: bool = False) -> dict:
+def throughput_chart(records, me: str = "", lang: str = "en", replay: bool = False, mark: str = "room_you") -> dict:
     """The room's aggregate tok/s (a thick dark line, trace "room") against each owner's (thin lines in the
     owner's colour, this tab's thicker), over the last SHOWN_S seconds of wall time before the latest step: the
     x axis is that window, as the title says, however long the room has run (a lecture's hour squeezed the last
@@ -331,11 +334,11 @@ def throughput_chart(records, me: str = "", lang: str = "en", replay: bool = Fal
     data = [dict(type="scatter", mode="lines", name=markup(t("room_all", lang)), x=xs, y=series["all"],
                  line=dict(color=ROOM_COLOR, width=3), hovertemplate=hover, meta="room")]
     for o, ys in series["owners"].items():
-        data.append(dict(type="scatter", mode="lines", name=markup(owner_name(o, me, lang)), x=xs, y=ys, meta=o,
+        data.append(dict(type="scatter", mode="lines", name=markup(owner_name(o, me, lang, mark)), x=xs, y=ys, meta=o,
                          line=dict(color=owner_color(o), width=3.5 if me and o == me else 1.5),
                          opacity=1.0 if me and o == me else 0.75, hovertemplate=hover))
     rows = _key_rows([(LINE, ROOM_COLOR, t("room_all", lang))]
-                     + [(LINE, owner_color(o), owner_name(o, me, lang)) for o in series["owners"]], lang)
+                     + [(LINE, owner_color(o), owner_name(o, me, lang, mark)) for o in series["owners"]], lang)
     key, bottom = _key_below(rows)
     lay = layout(t("room_tps_title", lang).format(w=f"{ROLL_S:g}", span=f"{SHOWN_S:g}"), UIREV_THROUGHPUT,
                  height=280 + 16 * len(rows), hovermode="x unified", annotations=[key],
@@ -402,7 +405,7 @@ def room_events(records, limit: int = LOG_EVENTS) -> list[dict]:
     return out
 
 
-def event_log_html(records, me: str = "", lang: str = "en", replay: bool = False) -> str:
+def event_log_html(records, me: str = "", lang: str = "en", replay: bool = False, mark: str = "room_you") -> str:
     """An HTML list of room_events (every text escaped): step, owner (in its colour), sequence and what
     happened; this tab's own lines are marked."""
     title = f'<div class="il-room-log-title">{markup(t("room_log", lang))}</div>'
@@ -422,7 +425,7 @@ def event_log_html(records, me: str = "", lang: str = "en", replay: bool = False
             f'<li class="il-room-ev il-room-{e["kind"]}{mine}">'
             f'<span class="il-room-step">{markup(t("room_step", lang))} {e["step"]}</span> '
             f'<span class="il-room-owner" style="border-color:{owner_color(e["owner"])}">'
-            f'{markup(owner_name(e["owner"], me, lang))}</span> '
+            f'{markup(owner_name(e["owner"], me, lang, mark))}</span> '
             f'<span class="il-room-seq">{markup(t("room_seq", lang))} {e["seq_id"]}</span> · '
             f'<span class="il-room-what">{markup(what)}</span></li>')
     return f'<div class="il-room-log">{title}<ol class="il-room-events">{"".join(items)}</ol></div>'
