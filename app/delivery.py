@@ -171,8 +171,9 @@ class Delivery:
 
     def build(self, s, view: View, message="", kind="info", what_if=None) -> dict:
         """The payload dict for `view` of session `s`: only what this tab's page does not show yet."""
-        # the engine instruments this tab's steps only while its page shows a chart that needs it
-        s.wants_capture = view.visible is None or bool((view.visible | view.near) & render.CAPTURE_CHARTS)
+        # every tab's focused sequence is captured; one whose page shows a chart drawn from captures goes first
+        # when the room is busy (app/room.py ROOM_BACKGROUND_CAPTURES)
+        s.shows_captures = view.visible is None or bool((view.visible | view.near) & render.CAPTURE_CHARTS)
         p = render.build_payload(s, *view.args, self.holder.machine, what_if, message, kind,
                                  only=None if view.visible is None else set(view.visible))
         p["html"][IDS["focus"]] = focus_html(s, view.lang)

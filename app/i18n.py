@@ -507,14 +507,18 @@ UI = {
                                     "выбранному."},
     "panel.layers.title": {"en": "3 · Layers & attention", "ru": "3 · Слои и внимание"},
     "panel.layers.text": {"en": "In every layer each head decides how much each earlier token matters for the "
-                                "current one. During prefill the whole triangle is computed at once; each decode "
-                                "step adds one row, reading the older keys and values from the KV cache. The logit "
+                                "current one. During prefill the whole triangle is computed at once, except rows "
+                                "whose keys and values came from the prefix cache (a grey band: an earlier request "
+                                "with the same beginning computed them); each decode step adds one row, reading the "
+                                "older keys and values from the KV cache. The logit "
                                 "lens applies the final norm and the output head to every layer's residual stream: "
                                 "watch the answer form as depth grows (a token is written where it differs from the "
                                 "layer below; hover a cell for the top 5).",
                           "ru": "В каждом слое каждая голова решает, насколько каждый предыдущий токен важен для "
-                                "текущего. На префилле весь треугольник считается сразу; каждый шаг декодирования "
-                                "добавляет одну строку, читая старые ключи и значения из KV-кэша. «Логит-линза» "
+                                "текущего. На префилле весь треугольник считается сразу, кроме строк, чьи ключи и "
+                                "значения взяты из префиксного кэша (серая полоса: их посчитал более ранний запрос с "
+                                "тем же началом); каждый шаг декодирования добавляет одну строку, читая старые "
+                                "ключи и значения из KV-кэша. «Логит-линза» "
                                 "применяет финальную нормализацию и выходную голову к остаточному потоку каждого "
                                 "слоя — видно, как ответ складывается с глубиной (токен подписан там, где он "
                                 "отличается от слоя ниже; наведите на клетку, чтобы увидеть топ-5)."},
@@ -690,10 +694,8 @@ UI = {
     # app/charts/attention.py
     "attn.attn_title": {"en": "Attention · layer {layer}, head {head}",
                         "ru": "Внимание · слой {layer}, голова {head}"},
-    "attn.attn_empty": {"en": "Nothing captured yet: the engine records attention only for steps taken while this "
-                              "panel is in view (one engine serves the whole room). Press Step",
-                        "ru": "Пока ничего не записано: движок записывает внимание только на шагах, сделанных, пока "
-                              "эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»"},
+    "attn.attn_empty": {"en": "Nothing captured yet for this sequence. Press Step",
+                        "ru": "Для этой последовательности пока ничего не записано. Нажмите «Шаг»"},
     "attn.attn_no_layer": {"en": "Layer {layer}, head {head} was not captured for this sequence",
                            "ru": "Слой {layer}, голова {head} не записаны для этой последовательности"},
     "attn.window": {"en": " (last {n} of {total} positions)", "ru": " (последние {n} из {total} позиций)"},
@@ -712,20 +714,18 @@ UI = {
                                  "style='font-size:11px;color:#555'>позиция {pos}, ключей: {ctx}; равномерно = "
                                  "{max:.2f} бит</span>"},
     "attn.entropy_name": {"en": "Attention entropy per head", "ru": "Энтропия внимания по головам"},
-    "attn.entropy_empty": {"en": "Nothing captured yet: the engine records attention only for steps taken while this "
-                                 "panel is in view (one engine serves the whole room). Press Step",
-                           "ru": "Пока ничего не записано: движок записывает внимание только на шагах, сделанных, "
-                                 "пока эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»"},
+    "attn.entropy_empty": {"en": "Nothing captured yet for this sequence. Press Step",
+                           "ru": "Для этой последовательности пока ничего не записано. Нажмите «Шаг»"},
     "attn.bits": {"en": "bits", "ru": "бит"},
     "attn.x_head": {"en": "Head", "ru": "Голова"},
     "attn.y_layer": {"en": "Layer", "ru": "Слой"},
     "attn.lens_title": {"en": "Logit lens · top-1 next token after each layer (written where it changes)",
                         "ru": "Логит-линза · самый вероятный следующий токен после каждого слоя (подписан там, где он "
                               "меняется)"},
-    "attn.lens_empty": {"en": "Nothing captured yet: the engine records the logit lens only for steps taken while "
-                              "this panel is in view (one engine serves the whole room). Press Step",
-                        "ru": "Пока ничего не записано: движок записывает логит-линзу только на шагах, сделанных, "
-                              "пока эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»"},
+    "attn.lens_empty": {"en": "Nothing captured yet for this sequence. Press Step (in a busy room each tab's steps "
+                              "are captured in turn)",
+                        "ru": "Для этой последовательности пока ничего не записано. Нажмите «Шаг» (в занятой комнате "
+                              "шаги вкладок записываются по очереди)"},
     "attn.top1": {"en": "top-1 prob", "ru": "вер. top-1"},
     "attn.position": {"en": "position", "ru": "позиция"},
     "attn.x_position": {"en": "Position (input token)", "ru": "Позиция (входной токен)"},
@@ -760,6 +760,34 @@ UI = {
                                   "{ctx} токенов<br>{batch} на батч из {b}"},
     "calc_chart.fit_title": {"en": "{model} in {dtype}, {ctx}-token context: how many sequences fit beside the "
                                    "weights",
+    "attn.uncaptured": {"en": "{n} not captured (another sequence in focus, or a busy room capturing tabs in turn)",
+                        "ru": "{n} не записаны (в фокусе была другая последовательность или комната занята и "
+                              "записывает вкладки по очереди)"},
+    "attn.not_captured": {"en": "These steps were not captured: another sequence was in focus, or the room was busy "
+                                "and captured other tabs' steps (each tab's in turn). Press Step",
+                          "ru": "Эти шаги не записаны: в фокусе была другая последовательность, или комната была "
+                                "занята и записывала шаги других вкладок (по очереди). Нажмите «Шаг»"},
+    # the longest run of empty rows of the heatmap, labelled inside it (charts/attention.py gap_label)
+    "attn.gap_over": {"en": "rows {first}–{last}: computed, not kept<br>(capture budget: {budget} a step keeps the "
+                            "last rows)",
+                      "ru": "строки {first}–{last}: вычислены, но не сохранены<br>(бюджет захвата: {budget} на шаг "
+                            "— сохраняются последние строки)"},
+    "attn.gap_freed": {"en": "rows {first}–{last}: freed later<br>(capture budget of this tab)",
+                       "ru": "строки {first}–{last}: удалены позже<br>(бюджет захвата вкладки)"},
+    "attn.gap_uncaptured": {"en": "rows {first}–{last}: not captured<br>(another sequence in focus, or a busy room)",
+                            "ru": "строки {first}–{last}: не записаны<br>(в фокусе была другая последовательность "
+                                  "или комната занята)"},
+    # the prefix cache's rows: their K/V were reused from an earlier request, so no attention row was computed
+    "attn.cached_name": {"en": "prefix cache", "ru": "префиксный кэш"},
+    "attn.cached_label": {"en": "rows {first}–{last}: prefix cache<br>K/V reused, not computed this time",
+                          "ru": "строки {first}–{last}: префиксный кэш<br>K/V взяты готовыми, сейчас не считались"},
+    "attn.cached_hover": {"en": "from the prefix cache: an earlier request computed positions {first}–{last}; their "
+                                "keys and values were reused, so this row was never computed for this sequence",
+                          "ru": "из префиксного кэша: позиции {first}–{last} посчитал более ранний запрос; их ключи "
+                                "и значения взяты готовыми, поэтому эта строка для этой последовательности не "
+                                "вычислялась"},
+    "attn.cached_note": {"en": "rows {first}–{last}: from the prefix cache, not computed this time",
+                         "ru": "строки {first}–{last}: из префиксного кэша, сейчас не вычислялись"},
                              "ru": "Сколько поместится: {model}, {dtype}, контекст {ctx}"},
     "calc_chart.gib": {"en": "memory (GiB)", "ru": "память (ГиБ)"},
     "calc_chart.weights": {"en": "weights", "ru": "веса"},
@@ -837,10 +865,10 @@ UI = {
                       "ru": "Входные эмбеддинги последовательности, PCA в 2-D (токенов: {n})"},
     "emb.pca_labels": {"en": "labels: the newest {k} tokens; hover a point for any token",
                        "ru": "подписано последних токенов: {k}; наведите на точку, чтобы увидеть любой"},
-    "emb.pca_empty": {"en": "Nothing captured yet: the engine records embeddings only for steps taken while this "
-                            "panel is in view (one engine serves the whole room). Press Step",
-                      "ru": "Пока ничего не записано: движок записывает эмбеддинги только на шагах, сделанных, пока "
-                            "эта панель на экране (один движок обслуживает всю комнату). Нажмите «Шаг»"},
+    "emb.pca_empty": {"en": "Nothing captured yet for this sequence. Press Step (in a busy room each tab's steps "
+                            "are captured in turn)",
+                      "ru": "Для этой последовательности пока ничего не записано. Нажмите «Шаг» (в занятой комнате "
+                            "шаги вкладок записываются по очереди)"},
     "emb.pc": {"en": "PC{k} ({pct:.1f}% of variance)", "ru": "ГК{k} ({pct:.1f}% дисперсии)"},
     "emb.prompt": {"en": "prompt", "ru": "промпт"},
     "emb.generated": {"en": "generated", "ru": "сгенерировано"},
@@ -1367,6 +1395,12 @@ UI = {
     "tokens.flag_fallback": {"en": "byte fallback", "ru": "байтовый запасной токен"},
     "tokens.flag_partial": {"en": "partial UTF-8 (an incomplete character)", "ru": "неполный UTF-8 (часть символа)"},
     "tokens.flag_generated": {"en": "generated", "ru": "сгенерирован"},
+    "tokens.chips_more": {"en": "… {k} more tokens (positions {first}–{last})",
+                          "ru": "… ещё токенов: {k} (позиции {first}–{last})"},
+    "tokens.chips_show": {"en": "show", "ru": "показать"},
+    "tokens.chips_hide": {"en": "hide", "ru": "скрыть"},
+    "tokens.template_scroll": {"en": "The prompt as the model reads it ({n} characters): scroll inside this box",
+                               "ru": "Запрос так, как его читает модель ({n} символов): прокрутите внутри этого окна"},
     "tokens.flag_forced": {"en": "generated: forced by the user, not sampled",
                            "ru": "сгенерирован: навязан пользователем, а не выбран розыгрышем"},
     "tokens.forced_count": {"en": "forced: {n} (purple chips)", "ru": "навязано: {n} (фиолетовые фишки)"},

@@ -386,7 +386,7 @@ class Lecture:
     def __init__(self, hub: Hub, build_frame):
         self.hub = hub
         self.build_frame = build_frame  # (session, view) -> payload dict
-        self.session = None
+        self._session = None
         self.scripted = None  # the session a script drives over /ws/present when no tab presents (no tab's)
         self.view: tuple = ("en", 0, 0, "", None)
         self.sent_step = -1  # the last step whose event went out
@@ -397,6 +397,20 @@ class Lecture:
         self._idle.set()
         self._thread: threading.Thread | None = None
         hub.on_join = self.refresh
+
+    @property
+    def session(self):
+        """The presented session (a tab's, a script's, a replay): its followers' pages show every chart."""
+        return self._session
+
+    @session.setter
+    def session(self, s) -> None:
+        # a presented session is captured at every step, whatever its presenter's page shows (app/room.py)
+        if self._session is not None and self._session is not s and hasattr(self._session, "presented"):
+            self._session.presented = False
+        if s is not None and hasattr(s, "presented"):
+            s.presented = True
+        self._session = s
 
     def refresh(self) -> None:
         if self.session is not None:

@@ -40,7 +40,7 @@ PANEL_CHARTS = {
     "room": ["chart-room-batch", "chart-room-pool", "chart-room-throughput", "chart-room-size"],
 }
 # charts drawn from the tensors the engine captures (attention, logit lens, residual norms, embeddings): a
-# tab's sequences are instrumented only while its page shows one of these (LabSession.wants_capture)
+# tab whose page shows one of these is captured first when the room is busy (LabSession.shows_captures)
 CAPTURE_CHARTS = frozenset([*PANEL_CHARTS["layers"], "chart-pca"])
 PANEL_HTML = {
     "template": ["html-template", "html-tokens", "html-bpe"],

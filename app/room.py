@@ -38,6 +38,12 @@ INBOX = 400  # events an owner may have waiting to be read (a Run whose page ren
 FRAME_MIN_S, FRAME_PER_RUNNER_S, FRAME_MAX_S = 0.2, 0.025, 0.5  # a Run's frame pace (Room.frame_interval)
 PAGE_WAIT_S = 0.1  # the longest a page build waits for its turn (Room.page_turn)
 STEP_WALLS = 2048  # steps whose wall-clock start and end are kept (Room.step_wall): more than an owner's INBOX
+# Capturing a sequence's insides (attention, logit lens, norms, embeddings) costs ~15-50 ms per sequence and
+# step. An owner whose page shows a chart drawn from captures (or whose session a lecture presents) has its
+# viewed sequences captured at every step; everyone else's are captured too, whether or not their page shows
+# those charts, but at most this many sequences a step, least recently captured first (Room._capture_for): a
+# lone tab is captured at every step, and twenty tabs watching the sampling chain do not pay twenty captures.
+ROOM_BACKGROUND_CAPTURES = 2
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ class RoomLimits:
 class Owner:
     label: str
     capture: Callable[[], set[int]]  # the sequences whose insides this owner views (attention, lens, ...)
+    shown: Callable[[], bool] = lambda: False  # its page shows a chart drawn from captures now (captured first)
     grant: float = 0  # engine steps granted and not yet run (math.inf: Run)
     served: int = 0  # steps run while this owner held a grant
     inbox: deque = field(default_factory=lambda: deque(maxlen=INBOX))
@@ -86,6 +93,7 @@ class Room:
         engine.forward_hook = self._forward_turn
         self.steps = 0
         self.tokens = 0
+        self._captured_at: dict[int, int] = {}  # seq id -> the room step that last captured it (_capture_for)
         self.batch_sizes: Counter = Counter()  # sequences per step -> steps
         # tokens per step (prompt tokens prefilled + tokens sampled) -> steps: /metrics' iteration_tokens_total
         self.step_tokens: Counter = Counter()
@@ -99,12 +107,14 @@ class Room:
         self._thread.start()
 
     # ---- owners -----------------------------------------------------------------------------------------
-    def join(self, kind: str = "tab", capture: Callable[[], set[int]] | None = None) -> str:
-        """A new owner; returns its public label ("tab 3", "lecture 1", "api 2")."""
+    def join(self, kind: str = "tab", capture: Callable[[], set[int]] | None = None,
+             shown: Callable[[], bool] | None = None) -> str:
+        """A new owner; returns its public label ("tab 3", "lecture 1", "api 2"). `capture`: the sequences whose
+        insides it views; `shown`: whether its page shows them now (ROOM_BACKGROUND_CAPTURES)."""
         with self._cond:
             self._counters[kind] += 1
             label = f"{kind} {self._counters[kind]}"
-            self._owners[label] = Owner(label, capture or set)
+            self._owners[label] = Owner(label, capture or set, shown or (lambda: False))
             return label
 
     def leave(self, owner: str) -> None:
@@ -278,9 +288,7 @@ class Room:
                     granted = self._granted()
                 if self._closed:
                     return
-                capture: set[int] = set()
-                for o in granted:
-                    capture |= o.capture() & o.seq_ids
+                capture = self._capture_for(granted)
                 self._stepping = {o.label for o in granted}
             self.engine.capture_seq_ids = capture  # only what the granted owners view is instrumented
             self._pages_turn.clear()
@@ -299,6 +307,26 @@ class Room:
                 self._deliver(granted, event, (time.perf_counter() - t0) * 1e3, started)
             finally:
                 self._pages_turn.set()  # until the next step: its pages may be built now
+
+    def _capture_for(self, granted: list[Owner]) -> set[int]:
+        """The sequences this step captures: every viewed sequence of an owner whose page shows a capture chart,
+        and of the rest at most ROOM_BACKGROUND_CAPTURES, those captured longest ago first (in turn)."""
+        shown: set[int] = set()
+        rest: list[int] = []
+        for o in granted:
+            wanted = o.capture() & o.seq_ids
+            if o.shown():
+                shown |= wanted
+            else:
+                rest += sorted(wanted)
+        rest.sort(key=lambda sid: self._captured_at.get(sid, -1))
+        chosen = shown | set(rest[:ROOM_BACKGROUND_CAPTURES])
+        for sid in chosen:
+            self._captured_at[sid] = self.steps
+        if len(self._captured_at) > 4 * self.limits.max_seqs:  # finished sequences' entries: forgotten
+            live = {sid for o in self._owners.values() for sid in o.seq_ids}
+            self._captured_at = {k: v for k, v in self._captured_at.items() if k in live}
+        return chosen
 
     def _forward_turn(self, inside: bool) -> None:
         (self._pages_turn.set if inside else self._pages_turn.clear)()

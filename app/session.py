@@ -160,10 +160,12 @@ class LabSession:
     capture_bytes: int = 0  # bytes the kept events' captures hold (SESSION_CAPTURE_BYTES)
     captured: deque = field(default_factory=deque)  # kept events that may still hold attention, oldest first
     tab_key: str | None = None  # the registry key of the tab this session belongs to (its socket's name)
-    # whether the page shows a chart drawn from captured tensors (attention, lens, embeddings); the delivery
-    # layer sets it from the charts in view. Capturing costs ~15 ms per sequence and step (a batch of 20 went
-    # from 164 to 468 ms), so twenty tabs watching only the sampling chain must not pay for it.
-    wants_capture: bool = True
+    # The focused sequence is captured (attention, lens, embeddings) whether or not its charts are on screen: a
+    # chart scrolled into view later, and a lecture's followers, show the steps taken before. Capturing costs
+    # ~15-50 ms per sequence and step, so the room captures at most a few sequences a step for pages that show
+    # none of those charts (app/room.py ROOM_BACKGROUND_CAPTURES); these two put this tab's first:
+    shows_captures: bool = False  # its page shows such a chart now (the delivery layer sets it from the view)
+    presented: bool = False  # a lecture presents this session: its followers' pages show every chart
     # seq id -> ((room steps, this tab's edits), SeqView): a page build asks for the same view several times,
     # and each engine read waits for a running step; a view only changes with a step or this tab's own command
     views_cache: dict = field(default_factory=dict)
@@ -177,7 +179,7 @@ class LabSession:
         `kv_memory` bytes sharing the engine's weights: tests, exports and the speculative comparison)."""
         room = base if isinstance(base, Room) else new_room(base, kv_memory)
         s = cls(room, "")
-        s.owner = room.join(kind, capture=s._captured_seqs)
+        s.owner = room.join(kind, capture=s._captured_seqs, shown=lambda: s.shows_captures or s.presented)
         return s
 
     @property
@@ -185,10 +187,9 @@ class LabSession:
         return self.room.engine
 
     def _captured_seqs(self) -> set[int]:
-        """What the room instruments for this tab: its focused sequence, while the page shows a chart that needs
-        it. (Capturing every tab's prompt prefill as well cost a twenty-tab room 40 % of its throughput; a
-        chart scrolled into view later says that its steps were taken before it was shown.)"""
-        if self.focus is None or self.focus not in self.requests or not self.wants_capture:
+        """What the room instruments for this tab: its focused sequence (capturing every sequence of every tab
+        cost a twenty-tab room 40 % of its throughput; the room bounds even this, app/room.py)."""
+        if self.focus is None or self.focus not in self.requests:
             return set()
         return {self.focus}
 

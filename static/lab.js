@@ -125,7 +125,20 @@
     state.lastPayloadTime = p.t;
     for (const [id, html] of Object.entries(p.html || {})) {
       const el = document.getElementById(id);
-      if (el) el.innerHTML = html;
+      if (!el) continue;
+      // a fold the user opened (a long prompt's chips) stays open when its HTML is redrawn after a step
+      // (and keeps the keyboard focus on its control)
+      const open = [...el.querySelectorAll("details[data-il-fold][open]")].map((d) => d.dataset.ilFold);
+      const a = document.activeElement;
+      const focused = a && el.contains(a) && a.matches("details[data-il-fold] > summary") ?
+        a.parentElement.dataset.ilFold : null;
+      el.innerHTML = html;
+      for (const key of open) {
+        const d = el.querySelector(`details[data-il-fold="${key}"]`);
+        if (d) d.open = true;
+      }
+      const f = focused && el.querySelector(`details[data-il-fold="${focused}"] > summary`);
+      if (f) f.focus({ preventScroll: true });
     }
     state.timings = { html: performance.now() - tStart };
     for (const id of p.stale || []) state.stale[id] = true;

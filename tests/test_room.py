@@ -187,7 +187,7 @@ def test_a_long_prompt_does_not_starve_a_short_one(base_engine):
     room.close()
 
 
-def test_pages_take_their_turn_while_the_engine_needs_no_gil(room):
+def test_pages_take_their_turn_while_the_engine_needs_no_gil(room, monkeypatch):
     """Room.page_turn: free between steps and during a step's GIL-free forward, closed while the engine runs a
     step's Python phases (a page build waits there, at most PAGE_WAIT_S). Recorded from inside a real Run: at
     the hook's calls the turn is open exactly when the engine says it is in its GIL-free part."""
@@ -202,8 +202,10 @@ def test_pages_take_their_turn_while_the_engine_needs_no_gil(room):
 
     room.engine.forward_hook = spy
     try:
+        # a page showing no chart drawn from captures, in a room that captures nothing for such pages: the
+        # GIL-free forward (a capture runs Model.forward's Python loop)
+        monkeypatch.setattr(room_mod, "ROOM_BACKGROUND_CAPTURES", 0)
         a = LabSession.create(room)
-        a.wants_capture = False  # a page showing no chart that needs the model's insides (render.CAPTURE_CHARTS)
         a.add_request(PROMPTS[0], _greedy(6), True, None)
         for _ in a.run_steps():
             pass
@@ -213,3 +215,40 @@ def test_pages_take_their_turn_while_the_engine_needs_no_gil(room):
     assert room._pages_turn.is_set()  # no step running: pages are free
     assert 0 < room_mod.PAGE_WAIT_S <= 0.25  # a page never waits long for a stuck engine
     a.page_turn()  # returns at once now
+
+
+def test_a_tab_is_captured_whatever_its_page_shows_and_a_busy_room_captures_in_turn(room):
+    """Capture does not depend on scrolling (issue 37): a lone tab whose page shows no chart drawn from captures
+    has its focused sequence captured at every step. When many such tabs step together, at most
+    ROOM_BACKGROUND_CAPTURES of them are captured a step, those captured longest ago first; a tab whose page
+    shows such a chart, and a presented one, are captured at every step."""
+    from app import room as room_mod
+
+    alone = LabSession.create(room)
+    assert not alone.shows_captures and not alone.presented  # the page has not said what it shows
+    alone.add_request(PROMPTS[0], _greedy(3), True, None)
+    while alone.has_unfinished():
+        alone.step()
+    seqs = [ev.seq(alone.focus) for ev in alone.events]
+    assert seqs and all(s.capture is not None and s.capture.attention for s in seqs)
+    alone.close()
+
+    tabs = [LabSession.create(room) for _ in range(5)]
+    for s in tabs:
+        s.add_request(PROMPTS[1], _greedy(3), True, None)
+    tabs[0].shows_captures = True
+    tabs[1].presented = True
+    granted = [room._owners[s.owner] for s in tabs]
+    k = room_mod.ROOM_BACKGROUND_CAPTURES
+    rest = {s.focus for s in tabs[2:]}
+    seen = []
+    for _ in range(3):
+        chosen = room._capture_for(granted)
+        room.steps += 1  # as a step would
+        assert {tabs[0].focus, tabs[1].focus} <= chosen
+        assert len(chosen & rest) == min(k, len(rest))
+        seen.append(chosen & rest)
+    assert set().union(*seen) == rest  # in turn: each of the three others within three steps
+    assert seen[0] != seen[1]
+    for s in tabs:
+        s.close()

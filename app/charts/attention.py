@@ -11,13 +11,15 @@ import math
 
 import numpy as np
 
-from .common import ACCENT, LABEL_CHARS, empty, figure, fmt_bytes, label_px, layout, plain, rotated_px, to_np
+from .common import (ACCENT, LABEL_CHARS, empty, figure, fmt_bytes, label_px, layout, plain, rotated_px, to_np,
+                     wrap_title)
 from ..i18n import texts
 
 MAX_POSITIONS = 256  # one heatmap: at most this many query rows and key columns
 GRID_MAX_POSITIONS = 64  # every head of a layer at once: smaller tiles
 LENS_MAX_POSITIONS = 48  # logit-lens columns
 POS_LABEL_CHARS = LABEL_CHARS + 4  # "117 " + the token text (pos_label)
+IN_PLOT_CHARS = 24  # a line of a label inside the heatmap (11 px): its plot is ~200 px wide in a narrow column
 
 
 # ColorBrewer "Blues" spread with a gamma: weights are dominated by a few large values (the first token
@@ -77,35 +79,61 @@ def _dropped(cap, part: str) -> bool:
     return part in (getattr(cap, "dropped", None) or ())
 
 
-def kept_note(evs: list, lo: int, T: int, filled: list[int], lang: str) -> str:
-    """The lines saying which positions of [lo, T) show no attention because of a capture budget: rows over
-    the per-step budget (engine Capture.max_attention_bytes) and rows freed later to save memory. Positions
-    without a row for other reasons (capture off, a prefix-cache hit) are not counted here, as before."""
-    t = tr(lang)
-    latest: dict[int, object] = {}  # position -> the capture of the latest step that computed it
+def _spans(evs: list, lo: int, T: int):
+    """(positions of [lo, T), the capture of the latest step that computed them) for each step, oldest first."""
     for s in evs:
         cap = s.capture
         if cap is not None:
             span = [int(p) for p in cap.positions if lo <= p < T]
         else:  # only the window: a step's counts come from the event (a replayed trace's, too)
             span = range(max(lo, int(s.chunk_start)), min(T, int(s.chunk_start) + int(s.num_processed)))
+        yield span, cap
+
+
+def cached_rows(evs: list, lo: int, T: int) -> range:
+    """The positions of [lo, T) that came from the prefix cache and no step of this sequence computed: their
+    K/V were reused from another request, so they have no attention row. From the event that admitted the
+    sequence (SeqEvent.num_cached_tokens); empty without a prefix hit."""
+    cached = next((int(s.num_cached_tokens) for s in reversed(evs) if int(s.num_cached_tokens or 0) > 0), 0)
+    computed = {p for span, _ in _spans(evs, lo, min(T, cached)) for p in span}
+    rows = [p for p in range(lo, min(T, cached)) if p not in computed]
+    return range(rows[0], rows[-1] + 1) if rows and rows == list(range(rows[0], rows[-1] + 1)) else range(0)
+
+
+def _row_reasons(evs: list, lo: int, T: int, filled: list[int]) -> tuple[dict[int, str], int | None]:
+    """Why each computed position of [lo, T) without a row has none: "over" (the per-step budget, engine
+    Capture.max_attention_bytes), "freed" (freed later to save memory), "uncaptured" (its step captured nothing
+    for this sequence: another one was in focus, or a busy room captured other tabs first, app/room.py); and the
+    budget in force. Prefix-cache rows were never computed: cached_rows marks them."""
+    latest: dict[int, object] = {}  # position -> the capture of the latest step that computed it
+    for span, cap in _spans(evs, lo, T):
         for p in span:
-            latest[p] = cap
+            latest[p] = cap if cap is not None else False
     have = set(filled)
-    over = freed = 0
+    out: dict[int, str] = {}
     budget = None
     kept_rows: dict[int, set[int]] = {}
     for p, cap in latest.items():
-        if p in have or cap is None:
+        if p in have:
             continue
-        if _dropped(cap, "attention"):
-            freed += 1
+        if cap is False:
+            out[p] = "uncaptured"
+        elif _dropped(cap, "attention"):
+            out[p] = "freed"
         elif getattr(cap, "attention_budget", None) is not None:
             rows = kept_rows.setdefault(id(cap), set(_rows_of(cap)))
             if p not in rows:
-                over, budget = over + 1, cap.attention_budget
-    if not (over or freed):
+                out[p], budget = "over", cap.attention_budget
+    return out, budget
+
+
+def kept_note(evs: list, lo: int, T: int, filled: list[int], lang: str) -> str:
+    """The lines saying which positions of [lo, T) show no attention, and why (_row_reasons)."""
+    t = tr(lang)
+    reasons, budget = _row_reasons(evs, lo, T, filled)
+    if not reasons:
         return ""
+    counts = {r: sum(1 for v in reasons.values() if v == r) for r in ("over", "freed", "uncaptured")}
     k, total = len([p for p in filled if lo <= p < T]), T - lo
     if k == 0:
         head = t["kept_none"].format(total=count_text(total, lang))
@@ -113,11 +141,43 @@ def kept_note(evs: list, lo: int, T: int, filled: list[int], lang: str) -> str:
         key = "kept_last" if [p for p in filled if lo <= p < T] == list(range(T - k, T)) else "kept_some"
         head = t[key].format(k=count_text(k, lang), total=count_text(total, lang))
     why = []
-    if over:
-        why.append(t["over_budget"].format(n=count_text(over, lang), budget=fmt_bytes(budget, lang)))
-    if freed:
-        why.append(t["freed"].format(n=count_text(freed, lang)))
+    if counts["over"]:
+        why.append(t["over_budget"].format(n=count_text(counts["over"], lang), budget=fmt_bytes(budget, lang)))
+    if counts["freed"]:
+        why.append(t["freed"].format(n=count_text(counts["freed"], lang)))
+    if counts["uncaptured"]:
+        why.append(t["uncaptured"].format(n=count_text(counts["uncaptured"], lang)))
     return head + "<br>" + " · ".join(why)
+
+
+def gap_label(evs: list, lo: int, T: int, filled: list[int], lang: str) -> dict | None:
+    """A label inside the longest run of empty rows of the heatmap, when it spans at least a quarter of the
+    window: which rows they are and why they are empty, so a mostly blank chart says what it shows."""
+    reasons, budget = _row_reasons(evs, lo, T, filled)
+    best, run = (0, 0, ""), None
+    for p in range(lo, T + 1):
+        r = reasons.get(p)
+        if run is not None and (r != run[2] or p == T):
+            if p - run[0] > best[1] - best[0]:
+                best = (run[0], p, run[2])
+            run = None
+        if r is not None and run is None and p < T:
+            run = (p, p, r)
+    a, b, why = best
+    if b - a < max(2, (T - lo) / 4):
+        return None
+    t = tr(lang)
+    text = t["gap_" + why].format(first=count_text(a, lang), last=count_text(b - 1, lang),
+                                   budget=fmt_bytes(budget, lang) if budget else "")
+    return dict(text=wrap_title(text, IN_PLOT_CHARS)[0], xref="paper", x=0.02, xanchor="left", yref="y",
+                y=(a + b - 1) / 2 - lo,
+                yanchor="middle", showarrow=False, align="left", font=dict(size=11, color="#444"),
+                bgcolor="rgba(255,255,255,0.85)")
+
+
+def _only_uncaptured(evs: list, lo: int, T: int) -> bool:
+    """No position of [lo, T) was computed by a step that captured this sequence (nothing to say of budgets)."""
+    return all(cap is None for span, cap in _spans(evs, lo, T) if len(span))
 
 
 def _with_note(title: str, note: str) -> tuple[str, int]:
@@ -202,13 +262,13 @@ def attention_heatmap(events, seq_id: int, layer: int, head: int, texts: list[st
     mats, lo, T, filled = _assemble(events, seq_id, layer, [head], max_positions)
     if T == 0:
         return empty(title, t["attn_empty"], uirev)
-    note = kept_note(seq_events(events, seq_id), lo, T, filled, lang)
+    evs = seq_events(events, seq_id)
+    note = kept_note(evs, lo, T, filled, lang)
     if not filled:
-        msg = t["not_kept"].format(layer=layer) if note else t["attn_no_layer"].format(layer=layer, head=head)
-        return empty(title, msg, uirev)
+        return empty(title, _no_rows_message(evs, lo, T, note, layer, head, lang), uirev)
     n = T - lo
     if lo > 0:
-        title += t["window"].format(n=n, total=T)
+        title += t["window"].format(n=count_text(n, lang), total=count_text(T, lang))
     title, extra = _with_note(title, note)
     labels = [pos_label(p, texts) for p in range(lo, T)]
     z = _round(_upper_to_nan(mats[0]))
@@ -220,6 +280,11 @@ def attention_heatmap(events, seq_id: int, layer: int, head: int, texts: list[st
     )
     shapes = [dict(type="rect", xref="x", yref="y", x0=-0.5, x1=n - 0.5, y0=n - 1.5, y1=n - 0.5,
                    line=dict(color=ACCENT, width=2), fillcolor="rgba(0,0,0,0)")]
+    band, notes = cached_band(cached_rows(evs, lo, T), lo, n, labels, lang)
+    gap = gap_label(evs, lo, T, filled, lang)
+    notes += [gap] if gap else []
+    traces = [band, trace] if band else [trace]
+    shapes += band.pop("shapes") if band else []
     room = label_px(9, POS_LABEL_CHARS)  # fixed margins: see common.LABEL_CHARS
     lay = layout(title, uirev,
                  xaxis=dict(title=dict(text=t["x_key"]), type="category", tickfont=dict(size=9), tickangle=-90,
@@ -228,9 +293,47 @@ def attention_heatmap(events, seq_id: int, layer: int, head: int, texts: list[st
                  # draws this over this chart's own placeholder (same uirevision), turning the triangle over
                  yaxis=dict(title=dict(text=t["y_query"]), type="category", autorange=False, range=[n - 0.5, -0.5],
                             tickfont=dict(size=9), showgrid=False),
-                 margin=dict(l=room + 30, r=20, t=40 + extra, b=room + 34), shapes=shapes,
+                 margin=dict(l=room + 30, r=20, t=40 + extra, b=room + 34), shapes=shapes, annotations=notes,
                  height=room + 480 + extra)  # a plot area of about 400 px once the label margins are taken
-    return figure([trace], lay)
+    return figure(traces, lay)
+
+
+CACHED_FILL = "#d9d9d9"  # the prefix-cache band: grey, no weight on the Blues scale looks like it
+
+
+def cached_band(rows: range, lo: int, n: int, labels: list[str], lang: str) -> tuple[dict | None, list[dict]]:
+    """The prefix-cache rows of the heatmap (positions `rows`, window starting at `lo`, n wide) as a grey
+    heatmap under the weights, whose hover says why they are empty, with a dashed frame (its "shapes") and a
+    label in the empty upper triangle beside them; (None, []) without such rows."""
+    if not len(rows):
+        return None, []
+    t = tr(lang)
+    top, bottom = rows[0] - lo, rows[-1] - lo
+    z = np.full((n, n), np.nan)
+    for r in range(top, bottom + 1):
+        z[r, :r + 1] = 1.0
+    first, last = count_text(rows[0], lang), count_text(rows[-1], lang)
+    hover = t["cached_hover"].format(first=first, last=last)
+    band = dict(type="heatmap", z=z, x=labels, y=labels, colorscale=[[0, CACHED_FILL], [1, CACHED_FILL]],
+                zmin=0, zmax=1, showscale=False, hoverongaps=False, name=t["cached_name"],
+                hovertemplate=f"{t['query']} %{{y}}<br>{hover}<extra></extra>",
+                shapes=[dict(type="rect", xref="x", yref="y", x0=-0.5, x1=n - 0.5, y0=top - 0.5, y1=bottom + 0.5,
+                             line=dict(color="#777", width=1, dash="dot"), fillcolor="rgba(0,0,0,0)")])
+    label = dict(text=wrap_title(t["cached_label"].format(first=first, last=last), IN_PLOT_CHARS)[0],
+                 xref="paper", x=0.98, xanchor="right", yref="y", y=(top + bottom) / 2,
+                 yanchor="middle" if bottom - top >= 2 else "top", showarrow=False, align="right",
+                 font=dict(size=11, color="#444"), bgcolor="rgba(255,255,255,0.85)", hovertext=hover)
+    return band, [label]
+
+
+def _no_rows_message(evs: list, lo: int, T: int, note: str, layer: int, head, lang: str) -> str:
+    """What an attention chart with no row to draw says instead."""
+    t = tr(lang)
+    if note and _only_uncaptured(evs, lo, T):
+        return t["not_captured"]
+    if note:
+        return t["not_kept"].format(layer=layer)
+    return t["attn_no_layer"].format(layer=layer, head=head)
 
 
 def _latest_heads(events, seq_id: int, layer: int) -> list[int]:
@@ -270,18 +373,19 @@ def attention_heads_grid(events, seq_id: int, layer: int, texts: list[str] | Non
     if not heads:
         T = context_len(evs)
         lo = 0 if max_positions is None else max(0, T - int(max_positions))
-        if not evs:
-            msg = t["attn_empty"]
-        elif kept_note(evs, lo, T, [], lang):
-            msg = t["not_kept"].format(layer=layer)
-        else:
-            msg = t["attn_no_layer"].format(layer=layer, head="*")
+        msg = t["attn_empty"] if not evs else _no_rows_message(evs, lo, T, kept_note(evs, lo, T, [], lang),
+                                                                 layer, "*", lang)
         return empty(title, msg, uirev)
     mats, lo, T, filled = _assemble(events, seq_id, layer, heads, max_positions)
     n = T - lo
     if lo > 0:
-        title += t["window"].format(n=n, total=T)
-    title, extra = _with_note(title, kept_note(evs, lo, T, filled, lang))
+        title += t["window"].format(n=count_text(n, lang), total=count_text(T, lang))
+    note = kept_note(evs, lo, T, filled, lang)
+    cached = cached_rows(evs, lo, T)
+    if len(cached):  # the grid's cells are too small for a label: its subtitle says it
+        cached_note = t["cached_note"].format(first=count_text(cached[0], lang), last=count_text(cached[-1], lang))
+        note = f"{note}<br>{cached_note}" if note else cached_note
+    title, extra = _with_note(title, note)
     labels = [pos_label(p, texts) for p in range(lo, T)]
     ncols = max(1, math.ceil(math.sqrt(len(heads))))
     nrows = math.ceil(len(heads) / ncols)
@@ -324,8 +428,9 @@ def head_entropy_chart(events, seq_id: int, lang: str = "en") -> dict:
             latest = s
     T = context_len(evs)
     if latest is None:
-        if evs and kept_note(evs, 0, T, [], lang):  # captured, but no row was kept (capture budget)
-            return empty(t["entropy_name"], t["not_kept_any"], uirev)
+        if evs and kept_note(evs, 0, T, [], lang):  # computed, but no row was captured or kept
+            return empty(t["entropy_name"], t["not_captured"] if _only_uncaptured(evs, 0, T)
+                         else t["not_kept_any"], uirev)
         return empty(t["entropy_name"], t["entropy_empty"], uirev)
     cap = latest.capture
     pos = int(_rows_of(cap)[-1])  # the newest row kept: under a capture budget, the step's last rows

@@ -44,6 +44,10 @@ def template_html(text: str, spans: list[dict], lang: str = "en") -> str:
         cursor = max(cursor, end)
     if cursor < len(text):
         parts.append(_text_html(text[cursor:]))
+    if len(text) > TEMPLATE_SCROLL_CHARS:  # a box of its own that scrolls (the keyboard reaches it: tabindex)
+        label = html.escape(t["template_scroll"].format(n=len(text)))
+        return (f'<div class="il-template il-template-long" tabindex="0" role="region" aria-label="{label}" '
+                f'title="{label}">{"".join(parts)}</div>')
     return f'<div class="il-template">{"".join(parts)}</div>'
 
 
@@ -68,8 +72,18 @@ def _chip_title(info: dict, pos: int, generated: bool, t: dict, forced: bool = F
     return " · ".join(bits)
 
 
+# A long prompt's chips are folded: the first and last CHIPS_EDGE are shown and the rest sit behind a "… K more
+# tokens" control (a <details>, so the keyboard opens it too). A 20,000-character prompt's 4,539 chips made the
+# page 30,000 px tall. Fewer than CHIPS_MIN_FOLDED hidden chips are not worth a control: they are shown.
+CHIPS_EDGE = 100
+CHIPS_MIN_FOLDED = 40
+# A rendered template longer than this scrolls in a box of its own (lab.css .il-template-long)
+TEMPLATE_SCROLL_CHARS = 2000
+
+
 def token_chips_html(infos: list[dict], n_prompt: int, lang: str = "en", forced: set[int] = frozenset()) -> str:
-    """One chip per token (engine.tokenizer.token_info records), then a counts line.
+    """One chip per token (engine.tokenizer.token_info records), then a counts line; past
+    2 * CHIPS_EDGE + CHIPS_MIN_FOLDED tokens the middle ones are folded (fold_chips).
 
     `forced`: indices among the generated tokens that the user forced (detok.forced_indices): their chips get
     il-forced and say so in their title, and the counts line counts them.
@@ -108,8 +122,25 @@ def token_chips_html(infos: list[dict], n_prompt: int, lang: str = "en", forced:
     n_forced = sum(1 for k in forced if 0 <= k < n - n_p)
     if n_forced:
         counts += " · " + t["forced_count"].format(n=n_forced)
-    return (f'<div class="il-tokens"><div class="il-chips">{"".join(chips)}</div>'
+    return (f'<div class="il-tokens">{fold_chips(chips, t)}'
             f'<div class="il-counts">{html.escape(counts)}</div></div>')
+
+
+def fold_chips(chips: list[str], t) -> str:
+    """The chips' HTML: all of them in one row-wrapping box, or, when many, the first and last CHIPS_EDGE with
+    the middle in a <details> whose summary says how many it holds and which positions (data-il-fold: the page
+    keeps it open across redraws, static/lab.js)."""
+    n = len(chips)
+    if n - 2 * CHIPS_EDGE < CHIPS_MIN_FOLDED:
+        return f'<div class="il-chips">{"".join(chips)}</div>'
+    a, b = CHIPS_EDGE, n - CHIPS_EDGE
+    more = html.escape(t["chips_more"].format(k=b - a, first=a, last=b - 1))
+    return (f'<div class="il-chips">{"".join(chips[:a])}</div>'
+            f'<details class="il-chips-fold" data-il-fold="chips"><summary>{more}'
+            f'<span class="il-fold-show">{html.escape(t["chips_show"])}</span>'
+            f'<span class="il-fold-hide">{html.escape(t["chips_hide"])}</span></summary>'
+            f'<div class="il-chips">{"".join(chips[a:b])}</div></details>'
+            f'<div class="il-chips">{"".join(chips[b:])}</div>')
 
 
 def _sym(text: str, title: str, new: bool = False) -> str:
