@@ -19,8 +19,8 @@ Two rules fix most of it:
    machine the forward runs on one core while the pages are built on the other; when the web threads want
    more than that, the forward is not the one that waits.
 
-With both, bench/room.py (20 clients running against one alone) measured a twenty-sequence step at 164 ms
-and 5.2x; see the README's table.
+With both, a twenty-sequence step in the server went from 260-340 ms to 162-188 ms (bench/room.py;
+docs/performance.md, "The room: many tabs on one engine").
 """
 from __future__ import annotations
 

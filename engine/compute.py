@@ -47,7 +47,7 @@ def set_threads(n: int) -> None:
     """The compute thread's torch thread count. A host whose other threads do real work (the web app builds
     pages while the engine steps) should leave them a core: with every core in the OpenMP team, the team's
     threads wait for each other whenever one is descheduled, and on 2 cores a 20-sequence room ran at a sixth
-    of its speed with 2 threads against 1 (in-process measurement, README)."""
+    of its speed with 2 threads against 1 (in-process measurement, docs/performance.md)."""
     global THREADS
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"threads must be a positive integer (got {n!r})")

@@ -7,8 +7,8 @@ wheel without dependencies) compiles the grammar against the model's tokenizer, 
 sequence answers "which tokens may come next" as a bool mask over the vocabulary. The sampling chain applies
 that mask to the logits before its other stages (engine/sampling.py); the engine keeps the matcher at the end
 of the sequence's output (`sync`), whatever changed the output: a sampled or forced token, a speculative round,
-`rewind`, `branch`, or a failed step that was undone. Why llguidance and not xgrammar: README, "Constrained
-decoding" (measured on this tokenizer).
+`rewind`, `branch`, or a failed step that was undone. Why llguidance and not xgrammar: docs/performance.md,
+"Constrained decoding" (measured on this tokenizer).
 
 A `Grammar` is checked when it is made (its size, then llguidance's own validation, which needs no tokenizer),
 so a bad grammar is refused with a message naming the problem before any request exists; compiling it for the

@@ -5,7 +5,7 @@ millisecond) after a parallel region before they sleep. On cores of their own th
 at once. On cores shared with other processes it is the collapse of issue 14: the spinning thread burns the
 time slice its partner needs to reach the barrier, and a 2-thread q4 decode step took 7x the 1-thread step
 beside two busy processes (955-1,242 ms against 121-175). With 1,000 rounds (a few microseconds) the same
-2-thread step took 0.4-1.8x the 1-thread one (bench numbers in the README). engine/governor.py then keeps
+2-thread step took 0.4-1.8x the 1-thread one (docs/performance.md, "Threads on shared cores"). engine/governor.py then keeps
 1 thread or all, whichever measures faster.
 
 Applied only where it can act and nobody chose: when torch is not imported yet and neither OMP_WAIT_POLICY nor
