@@ -780,7 +780,7 @@ UI = {
     # the prefix cache's rows: their K/V were reused from an earlier request, so no attention row was computed
     "attn.cached_name": {"en": "prefix cache", "ru": "префиксный кэш"},
     "attn.cached_label": {"en": "rows {first}–{last}: prefix cache<br>K/V reused, not computed this time",
-                          "ru": "строки {first}–{last}: префиксный кэш<br>K/V взяты готовыми, сейчас не считались"},
+                          "ru": "строки {first}–{last}: из префиксного кэша<br>K/V взяты готовыми, сейчас не считались"},
     "attn.cached_hover": {"en": "from the prefix cache: an earlier request computed positions {first}–{last}; their "
                                 "keys and values were reused, so this row was never computed for this sequence",
                           "ru": "из префиксного кэша: позиции {first}–{last} посчитал более ранний запрос; их ключи "

@@ -320,8 +320,9 @@ def cached_band(rows: range, lo: int, n: int, labels: list[str], lang: str) -> t
                 shapes=[dict(type="rect", xref="x", yref="y", x0=-0.5, x1=n - 0.5, y0=top - 0.5, y1=bottom + 0.5,
                              line=dict(color="#777", width=1, dash="dot"), fillcolor="rgba(0,0,0,0)")])
     label = dict(text=wrap_title(t["cached_label"].format(first=first, last=last), IN_PLOT_CHARS)[0],
-                 xref="paper", x=0.98, xanchor="right", yref="y", y=(top + bottom) / 2,
-                 yanchor="middle" if bottom - top >= 2 else "top", showarrow=False, align="right",
+                 # the top right corner of the band: the causal triangle leaves it empty, however tall the band
+                 xref="paper", x=0.98, xanchor="right", yref="y", y=top - 0.5, yanchor="top", showarrow=False,
+                 align="right",
                  font=dict(size=11, color="#444"), bgcolor="rgba(255,255,255,0.85)", hovertext=hover)
     return band, [label]
 
