@@ -147,27 +147,28 @@ def apply(session, cmd, ctx: Context | None = None) -> Outcome:
         return Outcome(session)
     if isinstance(cmd, Run):  # a replay's run_steps shows its recorded frames one by one
         with session.lock:
-            _start_or_update(session, cmd.request)
-        return Outcome(session, steps=session.run_steps())
+            message = _start_or_update(session, cmd.request, ctx)
+        return Outcome(session, message, steps=session.run_steps())
     with session.lock:  # one command at a time per session, even if a Run loop or another click races it
         return _APPLY[type(cmd)](session, cmd, ctx)
 
 
 def _step(s, cmd: Step, ctx: Context) -> Outcome:
-    _start_or_update(s, cmd.request)
+    message = _start_or_update(s, cmd.request, ctx)
     steps = []
     for _ in range(cmd.count):
         event = s.step()
         if event is None:
             break
         steps.append(event.step)
-    return Outcome(s, value=steps)
+    return Outcome(s, message, value=steps)
 
 
 def _add(s, cmd: Add, ctx: Context) -> Outcome:
     _live(s)
     r = cmd.request
     rid = s.add_request(r.prompt, r.params, r.chat, r.system)
+    s.example_next = False  # the prompt box's example is queued: Step steps the batch
     if cmd.focus:
         s.focus = rid
     return Outcome(s, t("queued", ctx.lang).format(rid=rid), value=rid)
@@ -272,14 +273,27 @@ def _reset(s, ctx: Context) -> Outcome:
     return Outcome(fresh)
 
 
-def _start_or_update(s, request: Request | None) -> None:
-    """Nothing running: the prompt box starts a new request. Otherwise the sliders apply from this step."""
+def _start_or_update(s, request: Request | None, ctx: Context) -> str:
+    """Nothing running: the prompt box starts a new request. An example picked since (LabSession.example_next):
+    it starts as a new request and the tab's unfinished ones stop (a Step after an example continued the old
+    answer under the example's grammar). Otherwise the sliders apply from this step. Returns the page's line."""
     if request is None or isinstance(s, ReplaySession):
-        return  # a replay's Step shows the next recorded frame; the controls cannot change the past
+        return ""  # a replay's Step shows the next recorded frame; the controls cannot change the past
+    if s.example_next:
+        s.example_next = False
+        stopped = s.stop_unfinished()
+        try:
+            sid = s.add_request(request.prompt, request.params, request.chat, request.system)
+        except Exception:
+            s.example_next = True  # refused (an empty prompt, a cap): the next try still starts afresh
+            raise
+        s.focus = sid
+        return t("example.started", ctx.lang).format(sid=sid, ids=", #".join(map(str, stopped))) if stopped else ""
     if not s.has_unfinished():
         s.add_request(request.prompt, request.params, request.chat, request.system)
     else:
         s.updated_params(request.params)
+    return ""
 
 
 def _live(s) -> None:

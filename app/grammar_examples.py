@@ -9,12 +9,13 @@ An empty box is no grammar. `parse` turns the box into an engine Grammar, or a R
 """
 from __future__ import annotations
 
+import html
 import json
 
 from engine import Grammar
 from engine.grammar import MAX_GRAMMAR_CHARS
 
-from .i18n import Phrase, Refusal
+from .i18n import Phrase, Refusal, t
 
 MAX_BOX_CHARS = MAX_GRAMMAR_CHARS + 16  # the grammar and its "kind:" prefix
 KINDS = {"json": "json_schema", "json_schema": "json_schema", "regex": "regex", "ebnf": "ebnf", "choice": "choice"}
@@ -47,6 +48,28 @@ PAIR_SHUFFLED = {"additionalProperties": False, "required": ["city", "name", "ag
                  "type": "object"}
 PAIR_MAX_TOKENS = 40  # a JSON object of three short fields; two such requests fit a visitor's share of the pool
 # the two requests' user prompts: i18n "grammar.pair_prompt_a" and "grammar.pair_prompt_b"
+
+
+def after_prompt_example(grammar) -> str:
+    """The grammar box once a prompt example (which has no grammar) is picked: a grammar one of EXAMPLES put
+    there goes (it was that example's, not the next question's: "List three uses of Python." was answered
+    "no"); a grammar the user wrote stays."""
+    return "" if str(grammar or "").strip() in {g.strip() for g in EXAMPLES.values()} else str(grammar or "")
+
+
+NOTICE_CHARS = 36  # of the grammar shown in the notice, one line of the controls column (its title has all)
+
+
+def notice_html(grammar, lang: str) -> str:
+    """The notice by the prompt box while a grammar is set ("" when none): a grammar changes every answer, so
+    it must not be set unseen, in a box far from the prompt."""
+    whole = " ".join(str(grammar or "").split())
+    if not whole:
+        return ""
+    text = whole if len(whole) <= NOTICE_CHARS else whole[:NOTICE_CHARS - 1] + "…"
+    title = t("grammar.notice_title", lang).format(grammar=whole[:300])
+    return (f'<div class="il-grammar-notice" role="status" title="{html.escape(title)}">'
+            f'<b>{html.escape(t("grammar.notice", lang))}</b> <code>{html.escape(text)}</code></div>')
 
 
 def pair_system(schema: dict) -> str:

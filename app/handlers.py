@@ -14,7 +14,7 @@ import threading
 import gradio as gr
 
 from . import commands as cmd
-from . import protocol, render
+from . import grammar_examples, protocol, render
 from .delivery import Delivery, View, status_line
 from .i18n import Refusal, lang_of, t
 from .live import Hub, Lecture, ask_followers_from_thread
@@ -57,8 +57,8 @@ class LabHandlers:
             request_ = cmd.request(prompt, chat, system, temperature, top_k, top_p, min_p, rep, freq, pres, seed,
                                    max_tokens, stop, grammar)
             with s.lock:  # the step and the render that shows it, with nothing in between
-                cmd.apply(s, cmd.Step(request_), self._context(lang, request))
-                return self.delivery.payload(s, view, *status_line(s, view.lang), op="step")
+                out = cmd.apply(s, cmd.Step(request_), self._context(lang, request))
+                return self.delivery.payload(s, view, *_line(s, view.lang, out.message), op="step")
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message on the page
             return self.delivery.error(exc, lang, op="step")
 
@@ -71,7 +71,7 @@ class LabHandlers:
                                    max_tokens, stop, grammar)
             out = cmd.apply(s, cmd.Run(request_), self._context(lang, request))
             for _ in out.steps:
-                yield self.delivery.payload(s, view, *status_line(s, view.lang))
+                yield self.delivery.payload(s, view, *_line(s, view.lang, out.message))
         except Exception as exc:  # noqa: BLE001
             yield self.delivery.error(exc, lang)
 
@@ -115,6 +115,36 @@ class LabHandlers:
                       head, word, npos, visible, request: gr.Request = None):
         return self.schema_pair(True, temperature, top_k, top_p, min_p, rep, freq, pres, seed, max_tokens, stop,
                                 lang, layer, head, word, npos, visible, request)
+
+    # ---- examples: the prompt box filled in one click --------------------------------------------------
+    def grammar_example(self, name, lang, request: gr.Request = None):
+        """A grammar example: its prompt (in the page's language) and its grammar into the boxes."""
+        lang = lang_of(lang)
+        return (t(f"grammar.prompt.{name}", lang), grammar_examples.EXAMPLES[name],
+                self._example_picked(lang, request))
+
+    def prompt_example(self, sample, grammar, lang, request: gr.Request = None):
+        """A prompt example (the list under the prompt box): its prompt, and no grammar an earlier example set
+        (it was that example's, not this question's; a grammar the user wrote stays)."""
+        prompt = sample[0] if isinstance(sample, (list, tuple)) and sample else str(sample or "")
+        return prompt, grammar_examples.after_prompt_example(grammar), self._example_picked(lang_of(lang), request)
+
+    def _example_picked(self, lang: str, request):
+        """An example is a new question: the tab's Run pauses and its next Step or Run starts the example as a
+        new request (LabSession.example_next); the message line says so when something unfinished will stop."""
+        try:
+            s = self.registry.peek(_key(request))
+            if s is None or not hasattr(s, "example_next"):  # no session yet, or a replay: nothing runs
+                return gr.skip()
+            s.pause()  # a Run over the tab's socket then sends its last frame itself
+            with s.lock:
+                s.example_next = True
+                ids = s.unfinished()
+            if not ids:
+                return gr.skip()
+            return self.delivery.message(t("example.new_request", lang).format(ids=", #".join(map(str, ids))))
+        except Exception as exc:  # noqa: BLE001
+            return self.delivery.error(exc, lang)
 
     def reset(self, lang, visible="", request: gr.Request = None):
         try:
@@ -362,6 +392,12 @@ class LabHandlers:
         return (f'<div class="il-ready" title="{html.escape(h.model_id)}">✓ {html.escape(t("ready", lang))}: '
                 f'{html.escape(name)} · {html.escape(h.device.upper())}</div>', gr.Timer(active=False),
                 gr.update(maximum=h.spec.num_layers - 1), gr.update(maximum=h.spec.num_heads - 1))
+
+
+def _line(s, lang: str, message: str) -> tuple[str, str]:
+    """The message line after a step: the command's own (an example started afresh), then where it stands."""
+    text, kind = status_line(s, lang)
+    return (f"{message} {text}".strip(), kind) if message else (text, kind)
 
 
 class _TabRequest:

@@ -452,6 +452,18 @@ UI = {
                                     "({blocks} KV blocks) in the prefix cache. Same meaning, different tokens.",
                               "ru": "#{a} и #{b} отправляют одну схему, но ключи перемешаны: #{b} нашёл в "
                                     "префикс-кэше {n} токенов ({blocks} KV-блоков). Смысл тот же, токены другие."},
+    # the notice by the prompt while the grammar box holds a grammar (issue 37: a yes/no example's grammar stayed
+    # set, and "List three uses of Python." was answered "no")
+    "grammar.notice": {"en": "Grammar set:", "ru": "Задана грамматика:"},
+    "grammar.notice_title": {"en": "Every answer must match this grammar until you clear it: {grammar}",
+                             "ru": "Каждый ответ обязан следовать этой грамматике, пока вы её не уберёте: {grammar}"},
+    "grammar.clear": {"en": "Clear grammar", "ru": "Убрать грамматику"},
+    "example.new_request": {"en": "Example loaded: the next Step starts it as a new request and stops #{ids}, "
+                                  "still unfinished.",
+                            "ru": "Пример загружен: следующий шаг начнёт его как новый запрос и остановит "
+                                  "незаконченные #{ids}."},
+    "example.started": {"en": "New request #{sid} for the example; #{ids} stopped.",
+                        "ru": "Новый запрос #{sid} для примера; #{ids} остановлен."},
     "grammar.type": {"en": "the grammar must be text", "ru": "Грамматика должна быть текстом."},
     "grammar.kind": {"en": "the grammar box must start with «json:», «regex:», «ebnf:» or «choice:» (got «{got}»)",
                      "ru": "Поле грамматики должно начинаться с «json:», «regex:», «ebnf:» или «choice:» "

@@ -147,6 +147,9 @@ class LabSession:
     last_used: float = field(default_factory=time.time)
     lock: threading.RLock = field(default_factory=threading.RLock)
     running: bool = False  # a Run loop is active (Pause clears it)
+    # an example filled the prompt box: the next Step or Run starts it as a new request (and stops this tab's
+    # unfinished ones) instead of continuing them with the example's sliders and grammar
+    example_next: bool = False
     what_if: SamplingTrace | None = None  # the focused sequence's chain recomputed for new slider values, until a step
     sent_html: dict = field(default_factory=dict)  # the HTML pieces the page already shows (sent only on change)
     sent_figs: dict = field(default_factory=dict)  # chart id -> the figure the page last got (ui._drop_unchanged)
@@ -214,6 +217,22 @@ class LabSession:
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished(self.owner)
 
+    def unfinished(self) -> list[int]:
+        """This tab's sequences that have not finished, oldest first."""
+        return [sid for sid in self.seq_ids() if not self.seq_view(sid).finished]
+
+    def stop_unfinished(self) -> list[int]:
+        """Abort this tab's unfinished sequences (they stay in the selector, finished "abort"); returns them."""
+        with self.lock:
+            ids = self.unfinished()
+            for sid in ids:
+                self.room.check_owner(self.owner, sid)
+                self.engine.abort(sid)
+            if ids:
+                self._edited()
+                self.room.pool_changed()
+            return ids
+
     def step(self) -> StepEvent | None:
         """One engine step for this tab's sequences (batched with whatever the room runs); None when there is
         nothing to do."""
@@ -270,6 +289,7 @@ class LabSession:
             self.focus = None
             self.running = False
             self.what_if = None
+            self.example_next = False
 
     def close(self) -> None:
         self.reset()

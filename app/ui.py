@@ -145,6 +145,7 @@ def _request_controls(c) -> None:
     # English by default: SmolLM2-135M was trained on English and answers it sensibly at the default T = 0.7 (every
     # seed tried); its Russian answers are mostly nonsense at any temperature (the preview says so for Cyrillic)
     c.prompt = gr.Textbox(value=DEFAULT_PROMPT, label=t("prompt", "en"), lines=3, elem_id="prompt")
+    _grammar_notice(c)
     c.examples = gr.Dataset(components=[c.prompt], samples=[[e] for e in EXAMPLES["en"] + EXAMPLES["ru"][:2]],
                             label=t("examples", "en"), elem_id="examples")
     c.chat = gr.Checkbox(value=True, label=t("chat", "en"), elem_id="chat")
@@ -156,6 +157,15 @@ def _request_controls(c) -> None:
         c.reset_btn = gr.Button(t("reset", "en"), variant="stop", elem_id="reset")
     c.add_btn = gr.Button(t("add", "en"), elem_id="add_request", size="sm")
     c.demo_btn = gr.Button(t("demo_preempt", "en"), elem_id="preempt_demo", size="sm")
+
+
+def _grammar_notice(c) -> None:
+    """By the prompt: whether a grammar is set (it changes every answer, and its box is elsewhere on the page),
+    with a button that clears it (app/grammar_examples.py notice_html)."""
+    with gr.Row(elem_id="grammar-notice-row", elem_classes="il-grammar-row"):
+        c.grammar_notice = gr.HTML("", elem_id="grammar-notice")
+        c.grammar_clear = gr.Button(t("grammar.clear", "en"), elem_id="grammar_clear", size="sm", visible=False,
+                                    scale=0, min_width=130)
 
 
 def _speculative_box(c) -> None:
@@ -325,7 +335,7 @@ def _wire_engine(c, h: LabHandlers) -> None:
     # no per-listener limit on Run: with Gradio's default of 1, one visitor's Run held every other visitor's
     # Run in the queue until it finished; the engine's steps interleave on the compute thread anyway
     run_ev = c.run_btn.click(h.run, full, c.payload, show_progress="hidden", concurrency_limit=None)
-    c.pause_btn.click(h.pause, None, None, cancels=[run_ev], queue=False)
+    c.pause_btn.click(h.pause, c.view, c.payload, cancels=[run_ev], queue=False, show_progress="hidden")
     c.add_btn.click(h.add, full, c.payload, show_progress="hidden")
     c.demo_btn.click(h.preemption_demo, c.view, [c.payload, c.temperature, c.max_tokens], cancels=[run_ev],
                      show_progress="hidden")
@@ -340,17 +350,34 @@ def _wire_engine(c, h: LabHandlers) -> None:
     c.focus_go.click(h.focus, [c.focus_pick, *c.view], c.payload, show_progress="hidden")
     c.force_btn.click(h.force, [c.force_id, *c.view], c.payload, show_progress="hidden")
     c.rewind_btn.click(h.rewind, [c.rewind_n, c.branch, *c.view], c.payload, show_progress="hidden")
-    for name, btn in c.grammar_ex.items():  # one click: the example's prompt (in the page's language) and grammar
-        btn.click(_example_filler(name), c.lang, [c.prompt, c.grammar],
+    # an example is a new question: its prompt (in the page's language) and grammar, or a prompt example's
+    # prompt without an earlier example's grammar; a Run pauses, and the next Step starts it afresh
+    for name, btn in c.grammar_ex.items():
+        btn.click(_grammar_example(h, name), c.lang, [c.prompt, c.grammar, c.payload], cancels=[run_ev],
                   show_progress="hidden")
+    c.examples.click(h.prompt_example, [c.examples, c.grammar, c.lang], [c.prompt, c.grammar, c.payload],
+                     cancels=[run_ev], show_progress="hidden")
+    # the notice by the prompt says whenever a grammar is set, wherever it came from; its button clears it
+    for ctl in (c.grammar, c.lang):
+        ctl.change(_notice, [c.grammar, c.lang], [c.grammar_notice, c.grammar_clear], show_progress="hidden",
+                   trigger_mode="always_last")
+    c.grammar_clear.click(lambda: "", None, c.grammar, show_progress="hidden")
     c.pair_stable.click(h.pair_stable, [*c.sampling, *c.view], c.payload, show_progress="hidden")
     c.pair_shuffled.click(h.pair_shuffled, [*c.sampling, *c.view], c.payload, show_progress="hidden")
 
 
-def _example_filler(name: str):
-    def fill(lang):
-        return t(f"grammar.prompt.{name}", lang_of(lang)), grammar_examples.EXAMPLES[name]
-    return fill
+def _grammar_example(h: LabHandlers, name: str):
+    # a signature of its own (not functools.partial): Gradio injects `request` only into signatures it reads
+    def pick(lang, request: gr.Request = None):
+        return h.grammar_example(name, lang, request)
+    return pick
+
+
+def _notice(grammar, lang):
+    """The grammar notice by the prompt, and its Clear button shown only while a grammar is set."""
+    lang = lang_of(lang)
+    return (grammar_examples.notice_html(grammar, lang),
+            gr.update(visible=bool(str(grammar or "").strip()), value=t("grammar.clear", lang)))
 
 
 def _wire_view(c, h: LabHandlers) -> None:
@@ -445,7 +472,9 @@ def _wire_language(c, h: LabHandlers, tools: ToolHandlers) -> None:
     c.lang.change(h.status, c.lang, [c.status, c.timer, c.layer, c.head], show_progress="hidden")
     c.lang.change(tools.tour_box, c.lang, c.tour_box, show_progress="hidden")
     c.lang.change(h.lecture_status, c.lang, c.lecture_info, show_progress="hidden")
-    c.examples.click(lambda x: x[0], c.examples, c.prompt)
+    # the page's own language for the browser, screen readers and hyphenation (it stayed "en" in Russian)
+    c.lang.change(None, c.lang, None, js="(lang) => { document.documentElement.lang = lang; return []; }")
+
 
 
 def _wire_page(demo, c, h: LabHandlers, tools: ToolHandlers, registry: SessionRegistry) -> None:

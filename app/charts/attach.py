@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import math
 
-from ..i18n import texts
+from ..i18n import t, texts
 from .common import ACCENT, SEQ_COLORS, empty, figure, layout, token_label
 
 UIREV_TOP, UIREV_TIMING, UIREV_METRICS = "attach-top", "attach-timing", "attach-metrics"
@@ -38,18 +38,19 @@ def top_figure(run, index: int | None, lang: str) -> dict:
 def timing_figure(run, lang: str) -> dict:
     """Client-measured time to first token and the gap before each later token, in ms."""
     say = texts("attach", lang)
-    times = [t.t for t in (run.tokens if run else [])]
+    times = [tok.t for tok in (run.tokens if run else [])]
     if not times:
         return empty(say["timing_title_empty"], say["no_tokens"], UIREV_TIMING)
     gaps = [times[0]] + [b - a for a, b in zip(times, times[1:])]
+    ms = t("time_units", lang)[1]
     itl = sorted(gaps[1:])
     median = itl[len(itl) // 2] * 1e3 if itl else float("nan")
     data = [{"type": "bar", "x": list(range(1, len(gaps) + 1)), "y": [g * 1e3 for g in gaps], "name": "gaps",
              "marker": {"color": [ACCENT] + [SEQ_COLORS[0]] * (len(gaps) - 1)},
-             "hovertemplate": "#%{x}: %{y:.1f} ms<extra></extra>"}]
+             "hovertemplate": f"#%{{x}}: %{{y:.1f}} {ms}<extra></extra>"}]
     title = say["timing_title"].format(ttft=f"{gaps[0] * 1e3:.0f}", itl="–" if math.isnan(median) else f"{median:.0f}")
     lay = layout(title, UIREV_TIMING, height=280, xaxis={"title": {"text": say["timing_x"]}},
-                 yaxis={"title": {"text": "ms"}})
+                 yaxis={"title": {"text": ms}})
     return figure(data, lay)
 
 
@@ -94,8 +95,9 @@ def stream_html(run, lang: str) -> str:
     say = texts("attach", lang)
     if run is None:
         return f'<p class="at-note">{html.escape(say["stream_empty"])}</p>'
-    chips = "".join(f'<span class="at-delta" title="{t.t * 1e3:.0f} ms">{html.escape(t.delta) or "∅"}'
-                    f'<sub>{t.t * 1e3:.0f}</sub></span>' for t in run.tokens)
+    ms = t("time_units", lang)[1]
+    chips = "".join(f'<span class="at-delta" title="{tok.t * 1e3:.0f} {ms}">{html.escape(tok.delta) or "∅"}'
+                    f'<sub>{tok.t * 1e3:.0f}</sub></span>' for tok in run.tokens)
     status = run.error and f'<p class="at-error">{html.escape(run.error)}</p>'
     if run.done and not run.error:
         usage = run.usage or {}

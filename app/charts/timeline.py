@@ -44,8 +44,9 @@ def _step_hover(event, tx: dict) -> str:
         pos = f" [{start}–{start + n - 1}]" if n > 1 else f" [{start}]"
         lines.append(f"{tx['seq']} {s.seq_id}: {s.phase} {n} {tx['tok']}{pos}")
     tm = event.timing
-    lines.append(f"{tx['forward']} {tm.forward_ms:.1f} ms · {tx['sample']} "
-                 f"{tm.sample_ms:.1f} ms · {tx['schedule']} {tm.schedule_ms:.2f} ms")
+    ms = tx["ms_short"]
+    lines.append(f"{tx['forward']} {tm.forward_ms:.1f} {ms} · {tx['sample']} "
+                 f"{tm.sample_ms:.1f} {ms} · {tx['schedule']} {tm.schedule_ms:.2f} {ms}")
     if getattr(tm, "grammar_ms", 0.0):  # constrained decoding: the masks' build time, a part of "sample"
         lines.append(tx["grammar_ms"].format(ms=tm.grammar_ms, fwd=tm.forward_ms))
     for key in ("admitted", "preempted", "finished", "waiting"):

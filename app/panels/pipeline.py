@@ -7,7 +7,7 @@ il-pipeline-summary ("step N · prefill 48 tok / decode 2 seqs · 35 ms").
 from __future__ import annotations
 
 import html
-from ..i18n import texts
+from ..i18n import t, texts
 
 STAGES = ("template", "tokens", "embeddings", "layers", "logits", "sampling", "detokenizer", "stream")
 
@@ -44,7 +44,7 @@ def pipeline_summary(event, lang: str = "en") -> str:
     if dec:
         parts.append(tx["decode1"] if dec == 1 else tx["decode"].format(n=dec))
     work = " / ".join(parts) if parts else tx["idle"]
-    out = f"{tx['step']} {event.step} · {work} · {event.timing.step_ms:.0f} ms"
+    out = f"{tx['step']} {event.step} · {work} · {event.timing.step_ms:.0f} {t('time_units', lang)[1]}"
     tm = event.timing
     if getattr(tm, "grammar_ms", 0.0) > tm.forward_ms:  # constrained decoding where the masks, not the model, cost most
         out += " · " + tx["grammar_dominates"].format(ms=tm.grammar_ms, fwd=tm.forward_ms)
