@@ -181,7 +181,7 @@ def test_prefix_cache_rows_are_a_labelled_band(lab):
     rows = [i for i, r in enumerate(band["z"]) if any(v is not None for v in r)]
     assert rows == list(range(cached))
     assert all(v is None for r in weights(fig)["z"][:cached] for v in r)  # no weights drawn there
-    label = next(a for a in fig["layout"]["annotations"] if "prefix cache" in a)
+    label = next(a for a in (a.replace("<br>", " ") for a in fig["layout"]["annotations"]) if "prefix cache" in a)
     assert f"rows 0–{cached - 1}" in label
     first.close()
     page.close()
@@ -219,8 +219,8 @@ def test_a_long_prompt_folds_its_chips_and_the_attention_chart_says_what_it_show
     title = fig["layout"]["title"].replace("<br>", " ")
     assert f"last 256 of {T:,} positions" in title
     assert f"kept for the last {len(kept)} of the 256 positions shown" in title
-    gap = next(a for a in fig["layout"]["annotations"] if "not kept" in a)
-    assert f"rows {T - 256}–{min(kept) - 1}" in gap.replace("<br>", " ")
+    gap = next(a for a in (a.replace("<br>", " ") for a in fig["layout"]["annotations"]) if "not kept" in a)
+    assert f"rows {T - 256}–{min(kept) - 1}" in gap
     filled = [i for i, r in enumerate(weights(fig)["z"]) if any(v is not None for v in r)]
     assert filled == [p - (T - 256) for p in kept]
     # the opened fold stays open when the next step redraws the chips
