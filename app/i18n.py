@@ -362,6 +362,11 @@ UI = {
     "text_long": {"en": "{name} is {n} characters; the lab accepts up to {limit}",
                   "ru": "Поле «{name}»: {n} символов, а лаборатория принимает не больше {limit}."},
     "not_number": {"en": "{name} must be a number, not {value}", "ru": "Поле «{name}»: нужно число, а не {value}."},
+    # a value typed into a slider's box past its range (app/widgets.py): the page puts the slider at the limit
+    "range.low": {"en": "{value} is below the slider's minimum {limit}: it is set to {limit}",
+                  "ru": "{value} меньше минимума ползунка {limit}: выставлено {limit}"},
+    "range.high": {"en": "{value} is above the slider's maximum {limit}: it is set to {limit}",
+                   "ru": "{value} больше максимума ползунка {limit}: выставлено {limit}"},
     "not_whole": {"en": "{name} must be a whole number, not {value}",
                   "ru": "Поле «{name}»: нужно целое число, а не {value}."},
     "not_this_tab": {"en": "sequence {sid} is not one of this tab's",

@@ -23,6 +23,7 @@ from .live import Hub, Lecture
 from .protocol import IDS
 from .session import SessionRegistry, request_key as _key
 from .ui_tools import ToolHandlers
+from .widgets import Slider
 
 __all__ = ["build_demo", "panels_html"]
 
@@ -174,22 +175,22 @@ def _speculative_box(c) -> None:
         c.spec_method = gr.Radio(spec_methods("en"), value="ngram", label=t("spec_method", "en"),
                                  elem_id="spec_method")
         with gr.Row():
-            c.spec_k = gr.Slider(1, 8, value=4, step=1, label=t("spec_k", "en"), elem_id="spec_k")
+            c.spec_k = Slider(1, 8, value=4, step=1, label=t("spec_k", "en"), elem_id="spec_k")
             # SmolLM2 was not trained for early exit: only its last layers agree with the full model
-            c.spec_exit = gr.Slider(1, 29, value=29, step=1, label=t("spec_exit", "en"), elem_id="spec_exit")
+            c.spec_exit = Slider(1, 29, value=29, step=1, label=t("spec_exit", "en"), elem_id="spec_exit")
         c.spec_adaptive = gr.Checkbox(value=False, label=t("spec_adaptive", "en"), elem_id="spec_adaptive")
         c.spec_measure = gr.Button(t("spec_measure", "en"), elem_id="spec_measure", size="sm")
 
 
 def _sampling_controls(c) -> None:
-    c.temperature = gr.Slider(0, 2, value=0.7, step=0.05, label=t("temperature", "en"), elem_id="temperature")
-    c.top_k = gr.Slider(0, 200, value=0, step=1, label=t("top_k", "en"), elem_id="top_k")
-    c.top_p = gr.Slider(0.01, 1, value=1.0, step=0.01, label=t("top_p", "en"), elem_id="top_p")
-    c.min_p = gr.Slider(0, 1, value=0.0, step=0.01, label=t("min_p", "en"), elem_id="min_p")
-    c.rep = gr.Slider(0.5, 2, value=1.0, step=0.05, label=t("repetition_penalty", "en"),
+    c.temperature = Slider(0, 2, value=0.7, step=0.05, label=t("temperature", "en"), elem_id="temperature")
+    c.top_k = Slider(0, 200, value=0, step=1, label=t("top_k", "en"), elem_id="top_k")
+    c.top_p = Slider(0.01, 1, value=1.0, step=0.01, label=t("top_p", "en"), elem_id="top_p")
+    c.min_p = Slider(0, 1, value=0.0, step=0.01, label=t("min_p", "en"), elem_id="min_p")
+    c.rep = Slider(0.5, 2, value=1.0, step=0.05, label=t("repetition_penalty", "en"),
                       elem_id="repetition_penalty")
-    c.freq = gr.Slider(-2, 2, value=0.0, step=0.1, label=t("frequency_penalty", "en"), elem_id="frequency_penalty")
-    c.pres = gr.Slider(-2, 2, value=0.0, step=0.1, label=t("presence_penalty", "en"), elem_id="presence_penalty")
+    c.freq = Slider(-2, 2, value=0.0, step=0.1, label=t("frequency_penalty", "en"), elem_id="frequency_penalty")
+    c.pres = Slider(-2, 2, value=0.0, step=0.1, label=t("presence_penalty", "en"), elem_id="presence_penalty")
     with gr.Row():
         c.seed = gr.Number(value=0, precision=0, label=t("seed", "en"), elem_id="seed")
         c.max_tokens = gr.Number(value=64, precision=0, label=t("max_tokens", "en"), elem_id="max_tokens")
@@ -219,8 +220,8 @@ def _sequence_controls(c) -> None:
     """The sequence selector (HTML drawn by the server, driven by lab.js), the view, force and rewind."""
     gr.HTML(f'<div id="{IDS["focus"]}" class="il-html"></div>', elem_id="focus-box")
     with gr.Row():
-        c.layer = gr.Slider(0, 29, value=0, step=1, label=t("layer", "en"), elem_id="layer")
-        c.head = gr.Slider(0, 8, value=0, step=1, label=t("head", "en"), elem_id="head")
+        c.layer = Slider(0, 29, value=0, step=1, label=t("layer", "en"), elem_id="layer")
+        c.head = Slider(0, 8, value=0, step=1, label=t("head", "en"), elem_id="head")
     with gr.Row():
         c.force_id = gr.Number(value=None, precision=0, label=t("force", "en"), elem_id=IDS["force_id"])
         c.force_btn = gr.Button(t("force_btn", "en"), elem_id=IDS["force"], size="sm")
@@ -277,9 +278,9 @@ def _calculators(c) -> None:
             c.c_context = gr.Number(value=d["context"], precision=0, label=label("context"), elem_id="calc_context")
             c.c_batch = gr.Number(value=d["batch"], precision=0, label=label("batch"), elem_id="calc_batch")
         with gr.Row():
-            c.c_alpha = gr.Slider(0, 1, value=d["alpha"], step=0.01, label=label("alpha"), elem_id="calc_alpha")
-            c.c_k = gr.Slider(1, 16, value=d["k"], step=1, label=label("k"), elem_id="calc_k")
-            c.c_cost = gr.Slider(0, 1, value=d["draft_cost"], step=0.01, label=label("draft_cost"),
+            c.c_alpha = Slider(0, 1, value=d["alpha"], step=0.01, label=label("alpha"), elem_id="calc_alpha")
+            c.c_k = Slider(1, 16, value=d["k"], step=1, label=label("k"), elem_id="calc_k")
+            c.c_cost = Slider(0, 1, value=d["draft_cost"], step=0.01, label=label("draft_cost"),
                                  elem_id="calc_draft_cost")
         gr.HTML(calc_charts_html(), elem_id="calc-charts")
     c.calc_inputs = [c.c_model, c.c_dtype, c.c_context, c.c_batch, c.c_gpu, c.c_alpha, c.c_k, c.c_cost]
@@ -292,7 +293,7 @@ def _formats(c) -> None:
         with gr.Row():
             c.f_pick = gr.CheckboxGroup(formats_tool.format_choices(), value=formats_tool.format_choices(),
                                         label=t("formats.pick", "en"), elem_id="formats_pick")
-            c.f_tokens = gr.Slider(2, formats_tool.MAX_COMPARE_TOKENS, value=formats_tool.DEFAULT_TOKENS, step=1,
+            c.f_tokens = Slider(2, formats_tool.MAX_COMPARE_TOKENS, value=formats_tool.DEFAULT_TOKENS, step=1,
                                    label=t("formats.tokens", "en"), elem_id="formats_tokens")
         c.f_run = gr.Button(t("formats.run", "en"), elem_id="formats_run", size="sm")
         gr.HTML(formats_tool.charts_html(), elem_id="formats-charts")

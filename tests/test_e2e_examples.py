@@ -138,3 +138,26 @@ def test_an_example_picked_while_a_sequence_runs_starts_a_new_request(lab):
     assert any(o.startswith(f"#{new}") for o in options) and any(o.startswith(f"#{old}") and "abort" in o
                                                                     for o in options), options
     page.close()
+
+
+def test_an_out_of_range_value_is_a_toast_and_no_traceback(lab, capfd):
+    """A value typed past a slider's range: the page clamps it and says so in a toast (EN and RU); the server's
+    console gets one line, not a traceback (issue 37)."""
+    url, app, b = lab
+    page = open_lab(b, url, height=1100)
+    capfd.readouterr()
+    for box, typed, limit in (("#temperature", "99", "2"), ("#top_k", "-5", "0"), ("#layer", "77", "29")):
+        page.fill(f"{box} input[type=number]", typed)
+        page.keyboard.press("Enter")
+        page.click("body", position={"x": 5, "y": 5})
+        page.wait_for_function("t => [...document.querySelectorAll('.toast-body, [data-testid=toast-body]')]"
+                               ".some(e => e.innerText.includes(t))", arg=f"{typed} is ", timeout=30000)
+        page.wait_for_function("([b, l]) => Number(document.querySelector(b + ' input[type=number]').value) === l",
+                               arg=[box, float(limit)], timeout=30000)
+    time.sleep(1)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "gradio.exceptions.Error" not in err, err[-3000:]
+    toasts = page.evaluate("() => [...document.querySelectorAll('.toast-body, [data-testid=toast-body]')]"
+                           ".map(e => e.innerText).join(' ')")
+    assert "99 is above the slider's maximum 2" in toasts and "99 больше максимума ползунка 2" in toasts
+    page.close()
