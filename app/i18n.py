@@ -908,6 +908,8 @@ UI = {
     "kv.state": {"en": {"used": "used", "cached": "cached", "free": "free"},
                  "ru": {"used": "занят", "cached": "в кэше", "free": "свободен"}},
     "kv.legend_cached": {"en": "cached (free, prefix kept)", "ru": "в кэше (свободен, префикс сохранён)"},
+    "kv.not_drawn": {"en": "+ {k:,} more free blocks, {first}–{last}, not drawn",
+                     "ru": "+ ещё {k:,} свободных блоков, {first}–{last}, не показаны"},
     "kv.seq": {"en": "seq", "ru": "посл."},
     "kv.block": {"en": "block", "ru": "блок"},
     "kv.refcount": {"en": "refcount", "ru": "ссылок"},

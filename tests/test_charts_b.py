@@ -242,12 +242,13 @@ def test_block_pool_grid_reproduces_blocks(run):
         fig = kv_cache.block_pool_chart(ev)
         heat = fig["data"][0]
         assert heat["type"] == "heatmap"
-        assert len(heat["z"]) == math.ceil(len(ev.blocks) / kv_cache.COLS)
+        drawn = min(len(ev.blocks), len(heat["z"]) * kv_cache.COLS)
+        assert all(b["state"] == "free" for b in ev.blocks[drawn:])  # what is not drawn is free
         seen = 0
         for r, row in enumerate(heat["z"]):
             for c, code in enumerate(row):
                 bid = r * kv_cache.COLS + c
-                if bid >= len(ev.blocks):
+                if bid >= drawn:
                     assert code is None and heat["customdata"][r][c] is None
                     continue
                 b = ev.blocks[bid]
@@ -263,12 +264,38 @@ def test_block_pool_grid_reproduces_blocks(run):
                     assert color == GREY
                 else:
                     assert color == kv_cache.FREE_COLOR
-        assert seen == len(ev.blocks)
+        assert seen == drawn
         assert "block %{customdata[0]}" in heat["hovertemplate"] and "%{customdata[3]}" in heat["hovertemplate"]
     shared = [ev for ev in events if any(b["refcount"] > 1 for b in ev.blocks)]
     assert shared  # the prefix hit shares a block
     assert any("×2" in t for row in kv_cache.block_pool_chart(shared[0])["data"][0]["text"] for t in row)
 
+
+
+def test_a_large_pool_draws_the_blocks_in_use_and_counts_the_rest(base_engine):
+    """The room's pool (728 blocks of 16 tokens here) with one short request: the grid draws the rows in use and
+    one free row after them, and a legend item counts the free blocks not drawn (it spent a screen on 3 used)."""
+    from app.session import ROOM_KV_MEMORY
+
+    eng = base_engine.session(kv_memory=ROOM_KV_MEMORY)
+    eng.add_request("What is gravity?", SamplingParams(max_tokens=2, temperature=0.0))
+    ev = eng.step()
+    n = len(ev.blocks)
+    busy = [b["id"] for b in ev.blocks if b["state"] != "free"]
+    assert n > 600 and 0 < len(busy) < kv_cache.COLS
+    for lang, words in (("en", "more free blocks"), ("ru", "свободных блоков")):
+        fig = kv_cache.block_pool_chart(ev, lang)
+        heat = fig["data"][0]
+        rows = max(kv_cache.MIN_ROWS, max(busy) // kv_cache.COLS + 2)
+        assert len(heat["z"]) == rows and fig["layout"]["height"] <= 24 * rows + 130
+        hidden = n - rows * kv_cache.COLS
+        note = [t["name"] for t in fig["data"] if words in (t.get("name") or "")]
+        assert note == [f"{'+ ' if lang == 'en' else '+ ещё '}{hidden:,} "
+                        + (f"more free blocks, {rows * kv_cache.COLS}–{n - 1}, not drawn" if lang == "en" else
+                           f"свободных блоков, {rows * kv_cache.COLS}–{n - 1}, не показаны")]
+        ticks = fig["layout"]["yaxis"]["ticktext"]
+        assert ticks[-1] == f"{(rows - 1) * kv_cache.COLS}–{rows * kv_cache.COLS - 1}"
+        assert str(n) in fig["layout"]["title"]["text"]  # the title still counts the whole pool
 
 def test_colorscale_maps_codes_to_seq_colors():
     scale = kv_cache.discrete_colorscale()

@@ -14,6 +14,7 @@ from .common import (ABOVE_PLOT, BAR, FREE, GREY, KEY_ROW, SEQ_COLORS, empty, fi
 from ..i18n import texts
 
 COLS = 32  # blocks per grid row: block id = row * COLS + col
+MIN_ROWS = 2  # grid rows drawn at least; past the last block in use only one row of free blocks is drawn
 LINE_BLOCKS = 16  # logical blocks per row of a block table; a longer table wraps (a row is a readable ~450 px)
 UIREV_POOL = "chart-kv-pool"
 UIREV_TABLES = "chart-kv-tables"
@@ -62,7 +63,9 @@ def _legend(name: str, color: str) -> dict:
 
 
 def block_pool_chart(event, lang: str = "en") -> dict:
-    """The pool as a grid, COLS blocks per row (block id = row*COLS + col).
+    """The pool as a grid, COLS blocks per row (block id = row*COLS + col), up to the row after the last block in
+    use (or cached): a room's pool of 728 blocks spent a screen on 3 used ones. The free blocks past it are not
+    drawn; a legend item counts them.
 
     z = colour code (owner's sequence colour / cached grey / free near-white); text "×n" on blocks shared by n
     sequences; customdata[row][col] = [id, state, refcount, "owners" ("—" if none), "yes"/"no" hashed], with state
@@ -76,13 +79,17 @@ def block_pool_chart(event, lang: str = "en") -> dict:
     kv = event.kv
     n = len(blocks)
     cols = COLS
-    rows = math.ceil(n / cols)
+    last = max((int(b["id"]) for b in blocks if b.get("state", "free") != "free"), default=-1)
+    rows = min(math.ceil(n / cols), max(MIN_ROWS, last // cols + 2))
+    drawn = min(n, rows * cols)  # blocks 0..drawn-1; every block after them is free
     z = [[None] * cols for _ in range(rows)]
     text = [[""] * cols for _ in range(rows)]
     cd = [[None] * cols for _ in range(rows)]
     owners_seen: set[int] = set()
     for b in sorted(blocks, key=lambda b: b["id"]):
         bid = int(b["id"])
+        if bid >= drawn:
+            break
         r, c = divmod(bid, cols)
         owners = [int(o) for o in b.get("owners") or []]
         owners_seen.update(owners)
@@ -105,6 +112,8 @@ def block_pool_chart(event, lang: str = "en") -> dict:
         data.append(_legend(f"{tx['seq']} {s}", seq_color(s)))
     data.append(_legend(tx["legend_cached"], GREY))
     data.append(_legend(tx["state"]["free"], FREE_COLOR))
+    if drawn < n:
+        data.append(_legend(tx["not_drawn"].format(k=n - drawn, first=drawn, last=n - 1), FREE_COLOR))
     title = tx["pool_title"].format(used=kv.used, cached=kv.cached, free=kv.free, n=n, bs=kv.block_size)
     lay = layout(title, UIREV_POOL, showlegend=True, height=max(170, 24 * rows + 130),
                  legend=dict(orientation="h", y=-0.02, yanchor="top", x=0, font=dict(size=11)),
@@ -113,7 +122,7 @@ def block_pool_chart(event, lang: str = "en") -> dict:
                             tickvals=[0, 8, 16, 24, 31], side="top", title=dict(text="")),
                  yaxis=dict(range=[rows - 0.5, -0.5], showgrid=False, zeroline=False, tickmode="array",
                             tickvals=list(range(rows)),
-                            ticktext=[f"{r * cols}–{min(n, (r + 1) * cols) - 1}" for r in range(rows)],
+                            ticktext=[f"{r * cols}–{min(drawn, (r + 1) * cols) - 1}" for r in range(rows)],
                             title=dict(text=tx["row"])))
     return figure(data, lay)
 
