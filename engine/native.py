@@ -92,7 +92,7 @@ def _build() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not out.exists():
             tmp = out.with_suffix(f".{os.getpid()}.tmp")
-            _log.warning("building the lab's CPU kernels (once per machine, ~20 s): %s", out)
+            _log.warning("building the lab's CPU kernels (once per machine, 15-50 s on 2 cores): %s", out)
             done = subprocess.run(_command(tmp), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
             if done.returncode != 0:
                 tmp.unlink(missing_ok=True)

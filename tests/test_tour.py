@@ -22,6 +22,24 @@ def tour():
     return load_tour()
 
 
+NUMBER_WORDS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+                "sixteen seventeen eighteen nineteen twenty").split()
+
+
+def test_the_docs_count_the_tours_steps(tour):
+    """README and the guide say how many steps the tour has: the count of assets/tour.json (the README said
+    thirteen of fourteen)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for doc in ("README.md", "docs/guide.md"):
+        text = " ".join((root / doc).read_text(encoding="utf-8").split())
+        said = re.findall(r"\b(\w+) steps in English and Russian", text)
+        assert said, f"{doc} no longer says how many steps the tour has"
+        assert all(NUMBER_WORDS.index(w.lower()) == len(tour) for w in said), (doc, said, len(tour))
+
+
 def test_steps_are_bilingual_and_name_known_panels(tour):
     panels = known_panels()
     assert {"template", "embeddings", "layers", "logits", "sampling", "detok", "kv", "timeline", "room",
