@@ -3,6 +3,7 @@
 A value typed into a slider's number box past its range (99 for a temperature of at most 2) reaches the server
 with the event it fires, before the page clamps the box: Gradio refuses it with a toast, which is right, and
 printed a traceback in the server's console, which is not (bad input is the visitor's, not a server fault).
+(Gradio writes app/widgets.pyi, a type stub for its event methods, whenever this module is imported: ignored.)
 """
 from __future__ import annotations
 
