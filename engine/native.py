@@ -40,12 +40,14 @@ _lib.define("f32_linear(Tensor x, Tensor w) -> Tensor")
 _lib.define("bf16_linear(Tensor x, Tensor w) -> Tensor")
 _lib.define("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor")
 _lib.define("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor slots, "
-            "int heads, int kv_heads) -> Tensor")
+            "int heads, int kv_heads, Tensor? q_norm=None, Tensor? k_norm=None, float eps=0.) -> Tensor")
 _lib.define("silu_mul(Tensor gu) -> Tensor")
-_lib.define("decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor slots, Tensor lengths, float scale) -> Tensor")
+_lib.define("decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor slots, Tensor lengths, float scale, "
+            "int window=0) -> Tensor")
 _lib.define("decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor new_slots, Tensor(a!)[] k_pools, "
             "Tensor(b!)[] v_pools, Tensor[] in_norm, Tensor[] post_norm, int[] kinds, Tensor[] weights, "
-            "Tensor?[] aux, Tensor?[] biases, int[] dims, float eps, float scale, Tensor slots, Tensor lengths) -> Tensor")
+            "Tensor?[] aux, Tensor?[] biases, int[] dims, float eps, float scale, Tensor slots, Tensor lengths, "
+            "Tensor[] q_norm, Tensor[] k_norm, int[] windows) -> Tensor")
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()

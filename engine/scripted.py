@@ -98,14 +98,21 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-               new_slots: torch.Tensor, heads: int, kv_heads: int, head_dim: int, native: bool = False) -> torch.Tensor:
+               new_slots: torch.Tensor, heads: int, kv_heads: int, head_dim: int, native: bool = False,
+               q_norm: Optional[torch.Tensor] = None, k_norm: Optional[torch.Tensor] = None,
+               eps: float = 0.0) -> torch.Tensor:
     """The new tokens' q and k rotated, their k and v written into the pool at their slots; returns q [N, H, D].
-    native: one pass of the lab's (engine/native.py) instead of ~12 torch ops."""
+    q_norm and k_norm given (Qwen3): each q head and each k head is RMS-normalised with them (eps) before its
+    rotation. native: one pass of the lab's (engine/native.py) instead of ~12 torch ops."""
     if native and qkv.dtype == torch.float32:
-        return torch.ops.inferlab.rope_store(qkv, cos, sin, k_pool, v_pool, new_slots, heads, kv_heads)
+        return torch.ops.inferlab.rope_store(qkv, cos, sin, k_pool, v_pool, new_slots, heads, kv_heads, q_norm, k_norm,
+                                             eps)
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    qk = qkv[:, : q_size + kv_size].view(-1, heads + kv_heads, head_dim)
+    if q_norm is not None and k_norm is not None:
+        qk = torch.cat([rms_norm(qk[:, :heads], q_norm, eps), rms_norm(qk[:, heads:], k_norm, eps)], dim=1)
     # q and k heads side by side get their rotation in one pass
-    qk = rope(qkv[:, : q_size + kv_size].view(-1, heads + kv_heads, head_dim), cos, sin)
+    qk = rope(qk, cos, sin)
     k_pool.index_copy_(0, new_slots, qk[:, heads:])
     v_pool.index_copy_(0, new_slots, qkv[:, q_size + kv_size:].view(-1, kv_heads, head_dim))
     return qk[:, :heads]
@@ -120,25 +127,54 @@ def silu_mul(gu: torch.Tensor, inter: int, native: bool = False) -> torch.Tensor
 
 def attend_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                   mask: Optional[torch.Tensor], lengths: Optional[torch.Tensor], num_kv_heads: int, head_dim: int,
-                  scale: float, native: bool = False) -> torch.Tensor:
-    """Model._attend_decode without the probabilities: one query per sequence over its padded context. native:
-    the lab's op reads K and V straight from the pool (engine/native.py) instead of ~8 torch ops."""
+                  scale: float, native: bool = False, window: int = 0) -> torch.Tensor:
+    """Model._attend_decode without the probabilities: one query per sequence over its padded context (its last
+    `window` tokens where window > 0). native: the lab's op reads K and V straight from the pool
+    (engine/native.py) instead of ~8 torch ops."""
     if native and lengths is not None and q.dtype == torch.float32:
-        return torch.ops.inferlab.decode_attention(q, k_pool, v_pool, slots, lengths, scale)
+        return torch.ops.inferlab.decode_attention(q, k_pool, v_pool, slots, lengths, scale, window)
     B, T = slots.size(0), slots.size(1)
     k = k_pool.index_select(0, slots.view(-1)).view(B, T, num_kv_heads, head_dim)  # 4x faster than [slots]
     v = v_pool.index_select(0, slots.view(-1)).view(B, T, num_kv_heads, head_dim)
     qg = q.view(B, num_kv_heads, -1, head_dim)
     scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+    visible = decode_visible(slots, mask, lengths, window)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, v.transpose(1, 2)).view(B, -1, head_dim)
 
 
+def decode_visible(slots: torch.Tensor, mask: Optional[torch.Tensor], lengths: Optional[torch.Tensor],
+                   window: int) -> Optional[torch.Tensor]:
+    """Which of a decode batch's padded context columns each query sees ([B, 1, 1, T], None: all): its context
+    (`mask`), and of that only the last `window` tokens where window > 0 (the query sits at length - 1)."""
+    if window <= 0 or lengths is None:
+        return mask
+    B, T = slots.size(0), slots.size(1)
+    recent = torch.arange(T, device=slots.device).unsqueeze(0) >= (lengths - window).unsqueeze(1)
+    recent = recent.view(B, 1, 1, T)
+    return recent if mask is None else recent & mask
+
+
+def causal_mask(start: int, n: int, window: int, device: torch.device) -> Optional[torch.Tensor]:
+    """[n, start + n]: query i (at position start + i) sees keys j <= start + i, and with window > 0 only those
+    with j > start + i - window (transformers' sliding-window mask); None where it would hide nothing."""
+    ctx = start + n
+    if n == 1 and (window <= 0 or ctx <= window):
+        return None
+    qpos = torch.arange(start, ctx, device=device).unsqueeze(1)
+    kpos = torch.arange(ctx, device=device).unsqueeze(0)
+    mask = kpos <= qpos
+    if window > 0:
+        mask = mask & (kpos > qpos - window)
+    return mask
+
+
 def attend_seqs(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, offsets: List[int],
-                starts: List[int], slots: List[torch.Tensor]) -> torch.Tensor:
-    """Model._attend_seq without capture, for each sequence of a mixed batch: causal SDPA over its context."""
+                starts: List[int], slots: List[torch.Tensor], window: int = 0) -> torch.Tensor:
+    """Model._attend_seq without capture, for each sequence of a mixed batch: causal SDPA over its context
+    (window > 0: over the last `window` keys of each query)."""
     outs: List[torch.Tensor] = []
     for i in range(len(starts)):
         qs = q[offsets[i]:offsets[i + 1]]
@@ -148,10 +184,7 @@ def attend_seqs(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, off
         k = k_pool.index_select(0, s).transpose(0, 1)
         v = v_pool.index_select(0, s).transpose(0, 1)
         qh = qs.transpose(0, 1)
-        mask: Optional[torch.Tensor] = None
-        if n > 1:
-            qpos = torch.arange(starts[i], ctx, device=q.device).unsqueeze(1)
-            mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= qpos
+        mask = causal_mask(starts[i], n, window, q.device)
         out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, enable_gqa=True)
         outs.append(out.transpose(0, 1))
     return torch.cat(outs) if len(outs) > 1 else outs[0]
@@ -164,26 +197,32 @@ def layers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, new_slots: tor
            biases: List[Optional[torch.Tensor]], dims: List[int], eps: float, scale: float, decode_max_rows: int,
            decode_slots: Optional[torch.Tensor], decode_mask: Optional[torch.Tensor],
            decode_lengths: Optional[torch.Tensor], offsets: List[int], starts: List[int],
-           seq_slots: List[torch.Tensor], native: bool) -> torch.Tensor:
+           seq_slots: List[torch.Tensor], native: bool, q_norm: List[torch.Tensor], k_norm: List[torch.Tensor],
+           windows: List[int]) -> torch.Tensor:
     """Every layer of Model.forward's hot path; returns the residual stream after the last one.
 
     Four matrices per layer (qkv, o, gate_up, down), in that order: biases has one entry per matrix, and
     kinds/weights/aux three (its one-row, decode-batch and prefill kernels; see `proj`). dims: heads, kv heads,
     head dim, intermediate size. decode_slots given: every sequence decodes one token (one padded attention
     call); else attention runs per sequence over offsets/starts/seq_slots. native: the norms and decode attention
-    run the lab's own ops (Model.native_ops).
+    run the lab's own ops (Model.native_ops). q_norm, k_norm: each layer's per-head q and k norm weights (Qwen3;
+    empty lists where the model has none). windows: each layer's sliding window (0: the whole context).
     """
     H, KV, D, inter = dims[0], dims[1], dims[2], dims[3]
     for li in range(len(in_norm)):
         m = 4 * li
         h = rms_norm(x, in_norm[li], eps, native)
         qkv = proj(h, m, kinds, weights, aux, biases, decode_max_rows)
-        q = rope_store(qkv, cos, sin, k_pools[li], v_pools[li], new_slots, H, KV, D, native)
+        qn: Optional[torch.Tensor] = None
+        kn: Optional[torch.Tensor] = None
+        if len(q_norm) > 0:
+            qn, kn = q_norm[li], k_norm[li]
+        q = rope_store(qkv, cos, sin, k_pools[li], v_pools[li], new_slots, H, KV, D, native, qn, kn, eps)
         if decode_slots is not None:
             out = attend_decode(q, k_pools[li], v_pools[li], decode_slots, decode_mask, decode_lengths, KV, D, scale,
-                                native)
+                                native, windows[li])
         else:
-            out = attend_seqs(q, k_pools[li], v_pools[li], offsets, starts, seq_slots)
+            out = attend_seqs(q, k_pools[li], v_pools[li], offsets, starts, seq_slots, windows[li])
         x = x + proj(out.reshape(-1, H * D), m + 1, kinds, weights, aux, biases, decode_max_rows)
         h = rms_norm(x, post_norm[li], eps, native)
         gu = proj(h, m + 2, kinds, weights, aux, biases, decode_max_rows)

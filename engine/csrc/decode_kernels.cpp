@@ -876,8 +876,9 @@ void merge_pieces(const float* part, int64_t pieces, int64_t H, int64_t D, float
 // One query per sequence, read straight from the paged pool: q [B, H, D]; k_pool, v_pool [S, KV, D]; slots
 // [B, T] (each sequence's context slots, padded); lengths [B] (its context length <= T) -> [B, H, D].
 // softmax(q . k * scale) over the context, then the weighted sum of v; the query heads of one K/V head share it.
+// window > 0 (a sliding-window layer): over the context's last `window` tokens only (the query is the last).
 at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
-                            const at::Tensor& slots, const at::Tensor& lengths, double scale) {
+                            const at::Tensor& slots, const at::Tensor& lengths, double scale, int64_t window) {
   TORCH_CHECK(q_in.scalar_type() == at::kFloat && q_in.dim() == 3, "decode_attention: q must be float32 [B, H, D]");
   TORCH_CHECK(k_pool.scalar_type() == at::kFloat && v_pool.scalar_type() == at::kFloat && k_pool.is_contiguous() &&
               v_pool.is_contiguous() && k_pool.dim() == 3 && k_pool.sizes() == v_pool.sizes(),
@@ -887,6 +888,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, co
   const at::Tensor q = q_in.contiguous();
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), S = k_pool.size(0), KV = k_pool.size(1), T = slots.size(1);
   TORCH_CHECK(B == slots.size(0) && D == k_pool.size(2) && KV > 0 && H % KV == 0, "decode_attention: shapes");
+  TORCH_CHECK(window >= 0, "decode_attention: a negative window");
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t* lp = lengths.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) {
@@ -904,16 +906,19 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, co
   // pool at ~5-7 GB/s (the K/V rows of a step are cold: the weights' stream has just passed), so a single
   // sequence's attention is shared too.
   constexpr int64_t kPiece = 32;
+  // the keys sequence b's query sees: its context's slots [lo(b), lp[b]), len(b) of them
+  auto lo = [&](int64_t b) { return window > 0 ? std::max<int64_t>(0, lp[b] - window) : int64_t{0}; };
+  auto len = [&](int64_t b) { return lp[b] - lo(b); };
   std::vector<int64_t> first(B + 1, 0);  // sequence b's pieces: [first[b], first[b + 1])
-  for (int64_t b = 0; b < B; ++b) first[b + 1] = first[b] + (lp[b] > kPiece ? (lp[b] + kPiece - 1) / kPiece : 1);
+  for (int64_t b = 0; b < B; ++b) first[b + 1] = first[b] + (len(b) > kPiece ? (len(b) + kPiece - 1) / kPiece : 1);
   const int64_t pieces = first[B];
   std::vector<float> part(pieces > B ? pieces * H * (D + 2) : 0);  // a cut piece's output share, max and sum
   auto piece = [&](int64_t b, int64_t i) {
-    const int64_t len = lp[b];
-    const bool cut = len > kPiece;
-    const int64_t t0 = cut ? (i - first[b]) * kPiece : 0, t1 = cut ? std::min(len, t0 + kPiece) : len;
+    const int64_t n = len(b);
+    const bool cut = n > kPiece;
+    const int64_t t0 = cut ? (i - first[b]) * kPiece : 0, t1 = cut ? std::min(n, t0 + kPiece) : n;
     float* pp = cut ? part.data() + i * H * (D + 2) : nullptr;
-    attend_range(qp + b * H * D, kp, vp, sp + b * T + t0, t1 - t0, H, group, D, row, sc,
+    attend_range(qp + b * H * D, kp, vp, sp + b * T + lo(b) + t0, t1 - t0, H, group, D, row, sc,
                  cut ? pp : op + b * H * D, cut ? pp + H * D : nullptr);
   };
   const int64_t threads = at::get_num_threads();
@@ -927,15 +932,17 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, co
     });
   }
   for (int64_t b = 0; b < B; ++b)
-    if (lp[b] > kPiece) merge_pieces(part.data() + first[b] * H * (D + 2), first[b + 1] - first[b], H, D, op + b * H * D);
+    if (len(b) > kPiece) merge_pieces(part.data() + first[b] * H * (D + 2), first[b + 1] - first[b], H, D, op + b * H * D);
   return out;
 }
 
 // New tokens' rotary embedding and K/V write in one pass: qkv [N, (H + 2 KV) * D] (q, k, v of each new token),
 // cos and sin [N, 1, D] (rotate-half convention, as the checkpoints use), slots [N]: the pool rows the tokens'
 // K and V go to. Returns q [N, H, D] rotated; k is rotated on its way into k_pool, v copied into v_pool.
+// q_norm and k_norm [D] given (Qwen3): each q and k head is first RMS-normalised with them, as rms_norm does a row.
 at::Tensor rope_store(const at::Tensor& qkv_in, const at::Tensor& cos_in, const at::Tensor& sin_in, at::Tensor k_pool,
-                      at::Tensor v_pool, const at::Tensor& slots, int64_t H, int64_t KV) {
+                      at::Tensor v_pool, const at::Tensor& slots, int64_t H, int64_t KV,
+                      const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, double eps) {
   TORCH_CHECK(k_pool.scalar_type() == at::kFloat && v_pool.scalar_type() == at::kFloat && k_pool.is_contiguous() &&
               v_pool.is_contiguous() && k_pool.dim() == 3 && k_pool.sizes() == v_pool.sizes() && k_pool.size(1) == KV,
               "rope_store: pools must be contiguous float32 [S, KV, D]");
@@ -950,6 +957,15 @@ at::Tensor rope_store(const at::Tensor& qkv_in, const at::Tensor& cos_in, const 
   const at::Tensor sl = slots.contiguous();
   const int64_t* sp = sl.data_ptr<int64_t>();
   for (int64_t n = 0; n < N; ++n) TORCH_CHECK(sp[n] >= 0 && sp[n] < S, "rope_store: a slot outside the pool");
+  const bool normed = q_norm.has_value() && q_norm->defined();
+  TORCH_CHECK(normed == (k_norm.has_value() && k_norm->defined()), "rope_store: q_norm and k_norm go together");
+  if (normed)
+    for (const at::Tensor* w : {&*q_norm, &*k_norm})
+      TORCH_CHECK(w->scalar_type() == at::kFloat && w->dim() == 1 && w->size(0) == D && w->is_contiguous(),
+                  "rope_store: q_norm and k_norm must be float32 [head_dim]");
+  const float* qn = normed ? q_norm->data_ptr<float>() : nullptr;
+  const float* kn = normed ? k_norm->data_ptr<float>() : nullptr;
+  std::vector<float> head(normed ? D : 0);  // a head after its norm
   at::Tensor q = at::empty({N, H, D}, qkv.options());
   const float *xp = qkv.data_ptr<float>(), *cp = cos.data_ptr<float>(), *snp = sin.data_ptr<float>();
   float *qp = q.data_ptr<float>(), *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
@@ -957,6 +973,12 @@ at::Tensor rope_store(const at::Tensor& qkv_in, const at::Tensor& cos_in, const 
     const float *row = xp + n * (H + 2 * KV) * D, *c = cp + n * D, *s = snp + n * D;
     for (int64_t h = 0; h < H + KV; ++h) {  // x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1)
       const float* x = row + h * D;
+      if (normed) {
+        const float* w = h < H ? qn : kn;
+        const float inv = 1.f / std::sqrt(dot(x, x, D) / static_cast<float>(D) + static_cast<float>(eps));
+        for (int64_t i = 0; i < D; ++i) head[i] = x[i] * inv * w[i];
+        x = head.data();
+      }
       float* y = h < H ? qp + (n * H + h) * D : kp + (sp[n] * KV + h - H) * D;
       for (int64_t i = 0; i < half; ++i) {
         const float a = x[i], b = x[i + half];
@@ -1036,8 +1058,12 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
                          at::TensorList in_norm, at::TensorList post_norm, at::IntArrayRef kinds,
                          at::TensorList weights, const c10::List<std::optional<at::Tensor>>& aux,
                          const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef dims, double eps,
-                         double scale, const at::Tensor& slots, const at::Tensor& lengths) {
+                         double scale, const at::Tensor& slots, const at::Tensor& lengths, at::TensorList q_norm,
+                         at::TensorList k_norm, at::IntArrayRef windows) {
   const int64_t L = static_cast<int64_t>(in_norm.size());
+  TORCH_CHECK((q_norm.empty() || static_cast<int64_t>(q_norm.size()) == L) && q_norm.size() == k_norm.size() &&
+              static_cast<int64_t>(windows.size()) == L,
+              "decode_layers: per layer a window, and q and k norms for every layer or none");
   TORCH_CHECK(static_cast<int64_t>(post_norm.size()) == L && static_cast<int64_t>(k_pools.size()) == L &&
               static_cast<int64_t>(v_pools.size()) == L && static_cast<int64_t>(kinds.size()) == 4 * L &&
               static_cast<int64_t>(weights.size()) == 4 * L && static_cast<int64_t>(aux.size()) == 4 * L &&
@@ -1083,8 +1109,10 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
     const int64_t m = 4 * li;
     const at::Tensor qkv = proj(rms_norm(x, in_norm[li], eps), m);
     hint(m + 1, m + 2);
-    const at::Tensor q = rope_store(qkv, cos, sin, k_pools[li], v_pools[li], new_slots, H, KV);
-    const at::Tensor out = decode_attention(q, k_pools[li], v_pools[li], slots, lengths, scale);
+    const at::Tensor q = q_norm.empty()
+        ? rope_store(qkv, cos, sin, k_pools[li], v_pools[li], new_slots, H, KV, std::nullopt, std::nullopt, eps)
+        : rope_store(qkv, cos, sin, k_pools[li], v_pools[li], new_slots, H, KV, q_norm[li], k_norm[li], eps);
+    const at::Tensor out = decode_attention(q, k_pools[li], v_pools[li], slots, lengths, scale, windows[li]);
     const at::Tensor o = proj(out.reshape({-1, H * D}), m + 1);
     hint(m + 2, m + 3);
     x = residual(x, o);
@@ -1105,8 +1133,8 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
 // decode_token writes the new token's K/V into the plan's pools, which its schema (an int) cannot declare: it is
 // called eagerly only (Model._decode_native), never traced or compiled.
 struct DecodePlan {
-  std::vector<at::Tensor> k_pools, v_pools, in_norm, post_norm, weights;
-  std::vector<int64_t> kinds, dims;
+  std::vector<at::Tensor> k_pools, v_pools, in_norm, post_norm, weights, q_norm, k_norm;
+  std::vector<int64_t> kinds, dims, windows;
   c10::List<std::optional<at::Tensor>> aux, biases;
   at::Tensor embed, cos, sin, final_norm, head_weight;
   std::optional<at::Tensor> head_aux, head_bias;
@@ -1123,11 +1151,14 @@ int64_t decode_plan(at::TensorList k_pools, at::TensorList v_pools, const at::Te
                     at::TensorList weights, const c10::List<std::optional<at::Tensor>>& aux,
                     const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef dims, double eps, double scale,
                     const at::Tensor& final_norm, int64_t head_kind, const at::Tensor& head_weight,
-                    const std::optional<at::Tensor>& head_aux, const std::optional<at::Tensor>& head_bias) {
+                    const std::optional<at::Tensor>& head_aux, const std::optional<at::Tensor>& head_bias,
+                    at::TensorList q_norm, at::TensorList k_norm, at::IntArrayRef windows) {
   const size_t L = in_norm.size();
   TORCH_CHECK(L > 0 && k_pools.size() == L && v_pools.size() == L && post_norm.size() == L && kinds.size() == 4 * L &&
               weights.size() == 4 * L && aux.size() == 4 * L && biases.size() == 4 * L,
               "decode_plan: per layer two pools, two norms and four matrices (kind, weight, aux, bias)");
+  TORCH_CHECK((q_norm.empty() || q_norm.size() == L) && k_norm.size() == q_norm.size() && windows.size() == L,
+              "decode_plan: per layer a window, and q and k norms for every layer or none");
   TORCH_CHECK(embed.dim() == 2 && cos.dim() == 2 && sin.dim() == 2, "decode_plan: embedding and rotary tables are 2-D");
   auto plan = std::make_shared<DecodePlan>();
   plan->k_pools = k_pools.vec();
@@ -1136,6 +1167,9 @@ int64_t decode_plan(at::TensorList k_pools, at::TensorList v_pools, const at::Te
   plan->post_norm = post_norm.vec();
   plan->weights = weights.vec();
   plan->kinds = kinds.vec();
+  plan->q_norm = q_norm.vec();
+  plan->k_norm = k_norm.vec();
+  plan->windows = windows.vec();
   plan->dims = dims.vec();
   plan->aux = aux.copy();
   plan->biases = biases.copy();
@@ -1182,7 +1216,7 @@ at::Tensor decode_token(int64_t plan, int64_t token, int64_t pos, const at::Tens
   const at::Tensor lengths = at::full({1}, pos + 1, slots.options());
   const at::Tensor h = decode_layers(x, cos, sin, slots.narrow(0, pos, 1), p->k_pools, p->v_pools, p->in_norm,
                                      p->post_norm, p->kinds, p->weights, p->aux, p->biases, p->dims, p->eps,
-                                     p->scale, context, lengths);
+                                     p->scale, context, lengths, p->q_norm, p->k_norm, p->windows);
   return step_linear(rms_norm(h, p->final_norm, p->eps), p->head_kind, p->head_weight, p->head_aux, p->head_bias);
 }
 
@@ -1263,7 +1297,8 @@ TORCH_LIBRARY_FRAGMENT(inferlab_native, m) {
   m.def("huge_buffer(int nbytes) -> Tensor", &huge_buffer);
   m.def("decode_plan(Tensor[] k_pools, Tensor[] v_pools, Tensor embed, Tensor cos, Tensor sin, Tensor[] in_norm, "
         "Tensor[] post_norm, int[] kinds, Tensor[] weights, Tensor?[] aux, Tensor?[] biases, int[] dims, float eps, "
-        "float scale, Tensor final_norm, int head_kind, Tensor head_weight, Tensor? head_aux, Tensor? head_bias) -> int",
+        "float scale, Tensor final_norm, int head_kind, Tensor head_weight, Tensor? head_aux, Tensor? head_bias, "
+        "Tensor[] q_norm, Tensor[] k_norm, int[] windows) -> int",
         &decode_plan);
   m.def("drop_plan(int plan) -> ()", &drop_plan);
   m.def("decode_token(int plan, int token, int pos, Tensor slots) -> Tensor", &decode_token);
