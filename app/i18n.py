@@ -841,6 +841,7 @@ UI = {
     "calc_chart.decode_b": {"en": "decode, batch {b}", "ru": "декодирование, батч {b}"},
     "calc_chart.prefill_n": {"en": "prefill, {n}", "ru": "префилл, {n}"},
     "calc_chart.decode_dtypes": {"en": "decode, batch 1, other dtypes", "ru": "декодирование, батч 1, другие типы"},
+    "calc_chart.left_to_right": {"en": "left to right {names}", "ru": "слева направо {names}"},
     "calc_chart.pt_hover": {"en": "<b>{name}</b><br>{flops} over {bytes}<br>intensity {i} FLOP/B<br>attainable "
                                   "{att} ({bound})",
                             "ru": "<b>{name}</b><br>{flops} на {bytes}<br>интенсивность {i} флоп/Б<br>достижимо "

@@ -1,5 +1,8 @@
-"""The Gradio page's layout: controls on the left, the eight stage panels on the right, and the events that
-tie the controls to the callbacks (app/handlers.py, app/ui_tools.py).
+"""The Gradio page's layout and the events that tie the controls to the callbacks (app/handlers.py,
+app/ui_tools.py). Three columns (static/lab.css lays them out): the request with Step; the stage panels, each
+with its own controls between its text and its charts (the sampling sliders beside the chain they move); the
+other controls. Wide windows put the request above the other controls on the left and the panels on the right;
+narrow ones put the panels right after Step.
 
 Charts are not Gradio components: each handler returns one JSON payload (app/render.py) into a hidden
 textbox, or sends it over the tab's websocket, and static/lab.js draws it with Plotly.react into persistent
@@ -63,22 +66,31 @@ def calc_charts_html() -> str:
     return f'{divs}<div class="il-charts il-calc-charts">{charts}</div>'
 
 
+PANELS_TOP = '<div id="html-pipeline" class="il-pipeline"></div><div id="html-message"></div>'
+
+
+def panel_head_html(key: str) -> str:
+    """A stage panel's title, its explanation and its HTML pieces (filled by lab.js)."""
+    parts = [f'<h3 id="html-title-{key}">{html.escape(t(f"panel.{key}.title", "en"))}</h3>',
+             f'<p class="il-explain" id="html-text-{key}">{html.escape(t(f"panel.{key}.text", "en"))}</p>']
+    parts += [f'<div id="{hid}" class="il-html {hid}"></div>' for hid in render.PANEL_HTML.get(key, [])]
+    return "".join(parts)
+
+
+def panel_charts_html(key: str) -> str:
+    """A stage panel's chart containers (drawn by lab.js)."""
+    charts = "".join(f'<div id="{cid}" class="il-chart {cid}"></div>' for cid in render.PANEL_CHARTS[key])
+    return f'<div class="il-charts">{charts}</div>'
+
+
 def panels_html() -> str:
-    """One section per stage with its chart containers (filled by lab.js): the lab page's panels, and the
-    follower page's (/follow serves this HTML as is). The page constants they need come with the head."""
-    parts = ['<div id="html-pipeline" class="il-pipeline"></div>', '<div id="html-message"></div>',
-             '<div class="il-panels">']
+    """The follower page's panels (/follow serves this HTML as is): one section per stage, without controls.
+    The page constants they need come with the head."""
+    parts = [PANELS_TOP, '<div class="il-panels">']
     for key in PANEL_KEYS:
         wide = "" if key in ("logits", "sampling") else " il-wide"
-        parts.append(f'<section class="il-panel{wide}" id="{IDS["panel_prefix"]}{key}">')
-        parts.append(f'<h3 id="html-title-{key}">{html.escape(t(f"panel.{key}.title", "en"))}</h3>')
-        parts.append(f'<p class="il-explain" id="html-text-{key}">{html.escape(t(f"panel.{key}.text", "en"))}</p>')
-        for hid in render.PANEL_HTML.get(key, []):
-            parts.append(f'<div id="{hid}" class="il-html {hid}"></div>')
-        parts.append('<div class="il-charts">')
-        for cid in render.PANEL_CHARTS[key]:
-            parts.append(f'<div id="{cid}" class="il-chart {cid}"></div>')
-        parts.append("</div></section>")
+        parts.append(f'<section class="il-panel{wide}" id="{IDS["panel_prefix"]}{key}">'
+                     f'{panel_head_html(key)}{panel_charts_html(key)}</section>')
     parts.append("</div>")
     return "".join(parts)
 
@@ -92,19 +104,19 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
     with gr.Blocks(title="InferLab", delete_cache=(300, 900)) as demo:
         c = SimpleNamespace()
         _header(c)
-        with gr.Row(elem_classes="il-layout"):  # narrow windows stack the columns (static/lab.css)
+        with gr.Row(elem_classes="il-layout"):  # static/lab.css places the three columns by the window's width
             with gr.Column(scale=1, min_width=300, elem_classes="il-controls"):
                 _tour_box(c)
                 _request_controls(c)
-                _speculative_box(c)
-                _sampling_controls(c)
-                _sequence_controls(c)
-                _lecture_box(c)
-                _trace_box(c)
             with gr.Column(scale=3, elem_classes="il-main"):
-                gr.HTML(panels_html(), elem_id="panels")
+                _panels(c)
                 _formats(c)
                 _calculators(c)
+            with gr.Column(scale=1, min_width=300, elem_classes="il-more"):
+                _speculative_box(c)
+                _grammar_controls(c)
+                _lecture_box(c)
+                _trace_box(c)
         _hidden(c)
         c.sampling = [c.temperature, c.top_k, c.top_p, c.min_p, c.rep, c.freq, c.pres, c.seed, c.max_tokens, c.stop]
         c.view = [c.lang, c.layer, c.head, c.word, c.npos, c.visible]
@@ -126,8 +138,9 @@ def build_demo(registry: SessionRegistry, holder, hub: Hub | None = None, lectur
 def _header(c) -> None:
     with gr.Row(elem_classes="il-header"):
         c.header = gr.HTML(header_html("en"), elem_id="il-title")
+        # wide enough for both choices on one line: the header stays two lines tall, Step in the first screen
         c.lang = gr.Radio(LANG_CHOICES, value="en", label=t("language", "en"), elem_id="lang", scale=0,
-                          min_width=140)
+                          min_width=290)
     c.status = gr.HTML(elem_id="model-status")
     c.timer = gr.Timer(0.5)
 
@@ -147,17 +160,24 @@ def _request_controls(c) -> None:
     # seed tried); its Russian answers are mostly nonsense at any temperature (the preview says so for Cyrillic)
     c.prompt = gr.Textbox(value=DEFAULT_PROMPT, label=t("prompt", "en"), lines=3, elem_id="prompt")
     _grammar_notice(c)
-    c.examples = gr.Dataset(components=[c.prompt], samples=[[e] for e in EXAMPLES["en"] + EXAMPLES["ru"][:2]],
-                            label=t("examples", "en"), elem_id="examples")
     c.chat = gr.Checkbox(value=True, label=t("chat", "en"), elem_id="chat")
     c.system = gr.Textbox(value="", label=t("system", "en"), lines=1, elem_id="system")
-    with gr.Row():
-        c.step_btn = gr.Button(t("step", "en"), variant="primary", elem_id=IDS["step"])
-        c.run_btn = gr.Button(t("run", "en"), elem_id=IDS["run"])
-        c.pause_btn = gr.Button(t("pause", "en"), elem_id=IDS["pause"])
-        c.reset_btn = gr.Button(t("reset", "en"), variant="stop", elem_id="reset")
+    with gr.Row(elem_id="step-row"):  # one row in the controls column (Gradio's 160 px minimum stacked them)
+        c.step_btn = gr.Button(t("step", "en"), variant="primary", elem_id=IDS["step"], min_width=60)
+        c.run_btn = gr.Button(t("run", "en"), elem_id=IDS["run"], min_width=60)
+        c.pause_btn = gr.Button(t("pause", "en"), elem_id=IDS["pause"], min_width=60)
+        c.reset_btn = gr.Button(t("reset", "en"), variant="stop", elem_id="reset", min_width=60)
     c.add_btn = gr.Button(t("add", "en"), elem_id="add_request", size="sm")
     c.demo_btn = gr.Button(t("demo_preempt", "en"), elem_id="preempt_demo", size="sm")
+    # below Step, so that Step is in a wide window's first screen; a narrow window shows them above Step, so
+    # that the panels follow Step closely (static/lab.css)
+    with gr.Row(elem_id="request-settings"):
+        c.seed = gr.Number(value=0, precision=0, label=t("seed", "en"), elem_id="seed", min_width=90)
+        c.max_tokens = gr.Number(value=64, precision=0, label=t("max_tokens", "en"), elem_id="max_tokens",
+                                 min_width=90)
+        c.stop = gr.Textbox(value="", label=t("stop", "en"), elem_id="stop", min_width=160)
+    c.examples = gr.Dataset(components=[c.prompt], samples=[[e] for e in EXAMPLES["en"] + EXAMPLES["ru"][:2]],
+                            label=t("examples", "en"), elem_id="examples")
 
 
 def _grammar_notice(c) -> None:
@@ -182,7 +202,8 @@ def _speculative_box(c) -> None:
         c.spec_measure = gr.Button(t("spec_measure", "en"), elem_id="spec_measure", size="sm")
 
 
-def _sampling_controls(c) -> None:
+def _sampling_sliders(c) -> None:
+    """The sampling panel's own controls, beside the chain chart they change (a what-if redraws it)."""
     c.temperature = Slider(0, 2, value=0.7, step=0.05, label=t("temperature", "en"), elem_id="temperature")
     c.top_k = Slider(0, 200, value=0, step=1, label=t("top_k", "en"), elem_id="top_k")
     c.top_p = Slider(0.01, 1, value=1.0, step=0.01, label=t("top_p", "en"), elem_id="top_p")
@@ -191,11 +212,6 @@ def _sampling_controls(c) -> None:
                       elem_id="repetition_penalty")
     c.freq = Slider(-2, 2, value=0.0, step=0.1, label=t("frequency_penalty", "en"), elem_id="frequency_penalty")
     c.pres = Slider(-2, 2, value=0.0, step=0.1, label=t("presence_penalty", "en"), elem_id="presence_penalty")
-    with gr.Row():
-        c.seed = gr.Number(value=0, precision=0, label=t("seed", "en"), elem_id="seed")
-        c.max_tokens = gr.Number(value=64, precision=0, label=t("max_tokens", "en"), elem_id="max_tokens")
-    c.stop = gr.Textbox(value="", label=t("stop", "en"), elem_id="stop")
-    _grammar_controls(c)
 
 
 def _grammar_controls(c) -> None:
@@ -216,21 +232,54 @@ def _grammar_controls(c) -> None:
                                         size="sm")
 
 
-def _sequence_controls(c) -> None:
-    """The sequence selector (HTML drawn by the server, driven by lab.js), the view, force and rewind."""
+def _panels(c) -> None:
+    """The sequence selector (HTML drawn by the server, driven by lab.js), the pipeline, and one panel per stage:
+    its text, its own controls, its charts (issue 37: a sampling slider and the chain it moves were never on
+    screen together)."""
     gr.HTML(f'<div id="{IDS["focus"]}" class="il-html"></div>', elem_id="focus-box")
+    gr.HTML(PANELS_TOP, elem_id="panels-top")
+    controls = {"template": _word_box, "embeddings": _neighbour_box, "layers": _layer_head, "logits": _force_box,
+                "detok": _rewind_box}
+    with gr.Column(elem_id="panels"):
+        for key in PANEL_KEYS:
+            with gr.Column(elem_id=f'{IDS["panel_prefix"]}{key}', elem_classes=["il-panel", "il-wide"]):
+                gr.HTML(panel_head_html(key))
+                if key == "sampling":  # the sliders beside the chain: both in view at every width
+                    with gr.Row(elem_classes="il-panel-body"):
+                        with gr.Column(scale=0, min_width=230, elem_classes="il-panel-controls"):
+                            _sampling_sliders(c)
+                        gr.HTML(panel_charts_html(key), scale=1, min_width=400)
+                    continue
+                if key in controls:
+                    controls[key](c)
+                gr.HTML(panel_charts_html(key))
+
+
+def _word_box(c) -> None:
+    c.word = gr.Textbox(value="", label=t("word", "en"), elem_id="bpe_word")
+
+
+def _neighbour_box(c) -> None:
+    c.npos = gr.Number(value=-1, precision=0, label=t("neighbour", "en"), elem_id="neighbour_pos")
+
+
+def _layer_head(c) -> None:
     with gr.Row():
         c.layer = Slider(0, 29, value=0, step=1, label=t("layer", "en"), elem_id="layer")
         c.head = Slider(0, 8, value=0, step=1, label=t("head", "en"), elem_id="head")
-    with gr.Row():
+
+
+def _force_box(c) -> None:
+    with gr.Row(equal_height=True):
         c.force_id = gr.Number(value=None, precision=0, label=t("force", "en"), elem_id=IDS["force_id"])
         c.force_btn = gr.Button(t("force_btn", "en"), elem_id=IDS["force"], size="sm")
-    with gr.Row():
+
+
+def _rewind_box(c) -> None:
+    with gr.Row(equal_height=True):
         c.rewind_n = gr.Number(value=None, precision=0, label=t("rewind", "en"), elem_id=IDS["rewind_n"])
         c.branch = gr.Checkbox(value=False, label=t("branch_btn", "en"), elem_id="branch")
         c.rewind_btn = gr.Button(t("rewind_btn", "en"), elem_id=IDS["rewind"], size="sm")
-    c.word = gr.Textbox(value="", label=t("word", "en"), elem_id="bpe_word")
-    c.npos = gr.Number(value=-1, precision=0, label=t("neighbour", "en"), elem_id="neighbour_pos")
 
 
 def _lecture_box(c) -> None:
@@ -475,7 +524,6 @@ def _wire_language(c, h: LabHandlers, tools: ToolHandlers) -> None:
     c.lang.change(h.lecture_status, c.lang, c.lecture_info, show_progress="hidden")
     # the page's own language for the browser, screen readers and hyphenation (it stayed "en" in Russian)
     c.lang.change(None, c.lang, None, js="(lang) => { document.documentElement.lang = lang; return []; }")
-
 
 
 def _wire_page(demo, c, h: LabHandlers, tools: ToolHandlers, registry: SessionRegistry) -> None:

@@ -6,6 +6,7 @@ assets/screenshots/ (lab-800-en.png ... lab-1600-ru.png):
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,12 @@ TEXT_BOXES_JS = """(ids) => {
     const box = div && div._fullLayout && div.querySelector(".svg-container");
     if (!box) continue;
     const at = box.getBoundingClientRect();
+    // the text's own box, turned as the text is (a tick label at -30°): its four corners, the box's top and
+    // bottom sixths left out (line spacing, not glyphs: one axis's stacked labels touch there)
+    const quad = (el) => { const b = el.getBBox(), m = el.getScreenCTM(), y0 = b.y + b.height / 6,
+                                 y1 = b.y + b.height * 5 / 6;
+      return [[b.x, y0], [b.x + b.width, y0], [b.x + b.width, y1], [b.x, y1]]
+        .map(([x, y]) => [m.a * x + m.c * y + m.e - at.left, m.b * x + m.d * y + m.f - at.top]); };
     const texts = [];
     for (const el of div.querySelectorAll(SEL)) {
       const r = el.getBoundingClientRect();
@@ -39,11 +46,59 @@ TEXT_BOXES_JS = """(ids) => {
                    el.closest(".textpoint") ? (clipped ? "point" : "label") :
                    el.classList.contains("legendtext") ? "legend" : "annotation";
       texts.push({text: el.textContent.trim().slice(0, 50), kind, axis: tick ? tick.parentNode.getAttribute("class") : "",
-                  x0: r.left - at.left, y0: r.top - at.top, x1: r.right - at.left, y1: r.bottom - at.top});
+                  x0: r.left - at.left, y0: r.top - at.top, x1: r.right - at.left, y1: r.bottom - at.top,
+                  quad: quad(el)});
+    }
+    // a table's cells (the weight-formats table): each text against its own cell, which clips it
+    for (const cell of div.querySelectorAll(".column-cell")) {
+      const rect = cell.querySelector(".cell-rect"), text = cell.querySelector(".cell-text");
+      if (!rect || !text || !text.textContent.trim()) continue;
+      const c = rect.getBoundingClientRect(), r = text.getBoundingClientRect();
+      if (r.width < 1) continue;
+      texts.push({text: text.textContent.trim().slice(0, 50), kind: "cell", axis: "",
+                  x0: r.left - at.left, y0: r.top - at.top, x1: r.right - at.left, y1: r.bottom - at.top,
+                  cell: [c.left - at.left, c.top - at.top, c.right - at.left, c.bottom - at.top]});
     }
     const s = div._fullLayout._size;  // the plot area, which clips a point's label
     out[id] = {width: div._fullLayout.width, height: div._fullLayout.height, texts,
                plot: [s.l, s.t, s.l + s.w, s.t + s.h]};
+  }
+  return out;
+}"""
+
+# Each line a chart draws (a trace's line, a shape: the what-if frame, a roof) that runs through a text: the
+# text's box, inset by 2 px, is sampled on a grid and each point is tested against the line's stroke.
+STROKES_JS = """(ids) => {
+  const SEL = ".gtitle, .annotation-text, .legendtext, .xtick text, .ytick text, .g-xtitle text, .g-ytitle text";
+  const out = [];
+  for (const id of ids) {
+    const div = document.getElementById(id);
+    if (!div || !div._fullLayout) continue;
+    const svg = div.querySelector(".main-svg");
+    const lines = [...div.querySelectorAll(".scatterlayer .js-line, .shapelayer path")].filter((p) => {
+      const s = getComputedStyle(p); return s.stroke !== "none" && parseFloat(s.strokeWidth) > 0 &&
+        parseFloat(s.strokeOpacity || 1) > 0 && p.getAttribute("d"); });
+    // an annotation on its own background hides the lines behind it
+    const covered = (el) => { const bg = el.closest(".annotation") && el.closest(".annotation").querySelector(".bg");
+      const fill = bg && getComputedStyle(bg).fill, alpha = fill && fill.startsWith("rgba") ?
+        parseFloat(fill.split(",")[3]) : fill && fill !== "none" ? 1 : 0;
+      return alpha * parseFloat((bg && getComputedStyle(bg).fillOpacity) || 1) >= 0.7; };
+    const texts = [...div.querySelectorAll(SEL)].filter((el) => !el.closest(".hoverlayer") && el.textContent.trim()
+                                                                && !covered(el));
+    for (const el of texts) {
+      const r = el.getBoundingClientRect();
+      if (r.width < 5 || r.height < 5) continue;
+      for (const line of lines) {
+        const m = line.getScreenCTM().inverse();
+        let hit = false;
+        for (let i = 0; i <= 8 && !hit; i++) for (let j = 0; j <= 2 && !hit; j++) {
+          const pt = svg.createSVGPoint();
+          pt.x = r.left + 2 + (r.width - 4) * i / 8; pt.y = r.top + 2 + (r.height - 4) * j / 2;
+          hit = line.isPointInStroke(pt.matrixTransform(m));
+        }
+        if (hit) { out.push([id, el.textContent.trim().slice(0, 50)]); break; }
+      }
+    }
   }
   return out;
 }"""
@@ -106,28 +161,56 @@ def show_all(page, width: int) -> None:
     page.wait_for_timeout(500)  # Plotly's own resize after the window's (debounced)
 
 
+# charts whose data labels name a few points each, and must not run into each other (a scatter of many tokens
+# labels points that sit together: there they may)
+LABELS_APART = frozenset({"chart-calc-roofline", "chart-roofline"})
+
+
 def text_problems(page, ids: list[str] | None = None) -> list[str]:
-    """Each chart text that runs off its chart (a point's label: off the plot area, which clips it), and each
-    two texts of one chart that overlap (but data labels, which sit where their points are)."""
+    """Each chart text that runs off its chart (a point's label: off the plot area, which clips it; a table's
+    text: off its cell), each two texts of one chart that overlap (but data labels, which sit where their points
+    are, except in LABELS_APART; one axis's tick labels by their turned boxes), and each line through a text."""
     ids = ids or page.evaluate("() => [...document.querySelectorAll('.il-chart')].map((e) => e.id)")
     problems = []
     for cid, fig in page.evaluate(TEXT_BOXES_JS, ids).items():
-        texts = [t for t in fig["texts"] if t["kind"] not in ("point", "label")]
+        apart = ("cell",) if cid in LABELS_APART else ("point", "label", "cell")
+        texts = [t for t in fig["texts"] if t["kind"] not in apart]
         for t in fig["texts"]:
             x0, y0, x1, y1 = fig["plot"] if t["kind"] == "point" else (0, 0, fig["width"], fig["height"])
+            if t["kind"] == "cell":  # a table's text and its cell: the cell clips it
+                x0, y0, x1, y1 = t["cell"]
             if t["x0"] < x0 - 1 or t["y0"] < y0 - 1 or t["x1"] > x1 + 1 or t["y1"] > y1 + 1:
-                problems.append(f"{cid}: {t['kind']} «{t['text']}» is cut by the chart's edge")
+                edge = "its cell's edge" if t["kind"] == "cell" else "the chart's edge"
+                problems.append(f"{cid}: {t['kind']} «{t['text']}» is cut by {edge}")
         for i, a in enumerate(texts):
             for b in texts[i + 1:]:
                 ticks = a["kind"] == b["kind"] == "tick"
                 if ticks and a["axis"] == b["axis"]:
-                    continue  # one axis's labels: Plotly spaces them itself
+                    # one axis's labels, turned alike: their upright boxes overlap where the labels do not (a
+                    # label of two lines at -30° ran into the next one)
+                    if _quads_overlap(a["quad"], b["quad"], slack=2):
+                        problems.append(f"{cid}: tick «{a['text']}» overlaps tick «{b['text']}»")
+                    continue
                 # two axes' labels meet at a corner: their boxes are taller than the glyphs
                 slack = 6 if ticks else 2
                 if min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > slack and \
                         min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > slack:
                     problems.append(f"{cid}: {a['kind']} «{a['text']}» overlaps {b['kind']} «{b['text']}»")
+    problems += [f"{cid}: a line runs through «{text}»" for cid, text in page.evaluate(STROKES_JS, ids)]
     return problems
+
+
+def _quads_overlap(p: list, q: list, slack: float) -> bool:
+    """Whether two convex quadrilaterals overlap by more than `slack` px (separating axis test on their edges)."""
+    for poly in (p, q):
+        for (x0, y0), (x1, y1) in zip(poly, poly[1:] + poly[:1]):
+            nx, ny = y0 - y1, x1 - x0
+            norm = math.hypot(nx, ny) or 1.0
+            a = [(x * nx + y * ny) / norm for x, y in p]
+            b = [(x * nx + y * ny) / norm for x, y in q]
+            if min(max(a), max(b)) - max(min(a), min(b)) <= slack:
+                return False
+    return True
 
 
 def save_screenshot(page, width: int, lang: str) -> Path:

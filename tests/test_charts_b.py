@@ -287,7 +287,8 @@ def test_a_large_pool_draws_the_blocks_in_use_and_counts_the_rest(base_engine):
         fig = kv_cache.block_pool_chart(ev, lang)
         heat = fig["data"][0]
         rows = max(kv_cache.MIN_ROWS, max(busy) // kv_cache.COLS + 2)
-        assert len(heat["z"]) == rows and fig["layout"]["height"] <= 24 * rows + 130
+        # a short figure, with room for a legend of three rows (a narrow window wraps it)
+        assert len(heat["z"]) == rows and fig["layout"]["height"] <= 24 * rows + 160
         hidden = n - rows * kv_cache.COLS
         note = [t["name"] for t in fig["data"] if words in (t.get("name") or "")]
         assert note == [f"{'+ ' if lang == 'en' else '+ ещё '}{hidden:,} "
@@ -543,7 +544,7 @@ def test_sampling_chain_columns_share_one_axis_and_one_scale(run):
     assert all("xaxis" not in b for b in bars) and "xaxis2" not in fig["layout"]
     xaxis = fig["layout"]["xaxis"]
     assert xaxis["range"][1] == pytest.approx(bars[-1]["base"] + reach)
-    assert xaxis["tickvals"][0::2] == [b["base"] for b in bars] and set(xaxis["ticktext"][0::2]) == {"0"}
+    assert xaxis["tickvals"][0::2] == [b["base"] for b in bars] and set(xaxis["ticktext"][0::2]) == {""}
     tick = xaxis["tickvals"][1] - xaxis["tickvals"][0]
     assert tick <= 0.75 * reach and xaxis["ticktext"][1] == f"{tick:.0%}"
     for b, st in zip(bars, s.sampling.stages):  # the hover reads p from customdata, x is the bar's length

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from .common import (ABOVE_PLOT, BAR, FREE, GREY, KEY_CHARS, KEY_ROW, LINE, empty, figure, fmt_bytes, fmt_int,
-                     fmt_num, fmt_si, key_rows, layout, legend_key)
+                     fmt_num, fmt_si, key_rows, label_px, layout, legend_key)
 from ..i18n import t, texts
 from .timeline import KIND_COLORS as TIMELINE_KINDS
 
@@ -24,6 +24,9 @@ DTYPE_COLORS = {"fp32": "#4C78A8", "bf16": "#F58518", "fp8": "#54A24B", "int8": 
 MEM_COLORS = {"weights": "#4C78A8", "reserve": GREY, "kv": "#F58518", "unused": FREE}
 KIND_COLORS = {k: TIMELINE_KINDS[k] for k in ("prefill", "decode")}  # the same as the live roofline's
 ROOF_COLOR = "#444444"
+# the fit chart's plot area at its narrowest: a calculator chart is never narrower than ~450 px (static/lab.css
+# lays them two to a row only in a panel over 920 px), less its 150 + 20 px margins
+FIT_PLOT_PX = 280
 K_COLORS = ["#9ECAE1", "#6BAED6", "#3182BD", "#08519C", "#08306B", "#F58518"]
 
 
@@ -112,9 +115,11 @@ def kv_chart(models: list[dict], dtypes: list[dict], context: int, batch: int = 
     data.append(dict(type="scatter", mode="markers", x=[labels[0]], y=[10 ** y2r[0]], yaxis="y2", showlegend=False,
                      hoverinfo="skip", marker=dict(opacity=0, size=1)))
     key, top = _key([(BAR, DTYPE_COLORS.get(d["id"], GREY), d["label"]) for d in dtypes], 75)
-    lay = layout(tx["kv_title"].format(ctx=fmt_int(context, lang)), UIREV_KV, height=380 + top - 44,
-                 barmode="group", bargap=0.25, margin=dict(l=75, r=85, t=top, b=90), annotations=[key],
-                 xaxis=dict(tickangle=-30, automargin=True, tickmode="array", tickvals=labels,
+    # names of two lines turned by 45°: at 30° a name's second line ran into the next name ("(loaded)" over
+    # "Llama-3-8B") where groups are ~55 px apart (a chart half of a 1600 px window)
+    lay = layout(tx["kv_title"].format(ctx=fmt_int(context, lang)), UIREV_KV, height=410 + top - 44,
+                 barmode="group", bargap=0.25, margin=dict(l=75, r=85, t=top, b=110), annotations=[key],
+                 xaxis=dict(tickangle=-45, automargin=True, tickmode="array", tickvals=labels,
                             ticktext=[_two_lines(x) for x in labels]),
                  yaxis=dict(type="log", range=yr, title=dict(text=tx["per_token"]), tickvals=tv, ticktext=tt,
                             gridcolor="#EEE"),
@@ -175,7 +180,9 @@ def fit_chart(rows: list[dict], model: str, dtype: str, context: int, reserve_fr
     data.append(dict(type="scatter", mode="markers", name=tx["capacity"], y=ys,
                      x=[r["memory_bytes"] / gib for r in rows], showlegend=False, hoverinfo="skip",
                      marker=dict(symbol="line-ns", size=22, line=dict(width=2.5, color="#222"))))
-    xmax = max(ends) * 1.45  # room for the "n seq." label after the longest bar
+    # room after each bar for its label ("546 seq.", "weights do not fit"), in a plot at least FIT_PLOT_PX wide:
+    # a fixed 45 % cut "weights do not fit" where the weights' own bar was the longest
+    xmax = max(max(ends) * 1.1, *(e / max(0.2, 1 - label_px(12, len(s)) / FIT_PLOT_PX) for e, s in zip(ends, labels)))
     items = [(BAR, MEM_COLORS[key], name) for key, name, _ in parts] + [(BAR, "#E45756", tx["no_fit"])] * any(over)
     key, top = _key(items, 150)
     lay = layout(title, UIREV_FIT, barmode="stack", height=max(300, 100 + 46 * len(rows)) + top,
@@ -261,35 +268,44 @@ def roofline_chart(device: dict, points: list[dict], dtype: str, lang: str = "en
                  hovertemplate=f"{tx['roof']}<br>{t('roof_hover', lang)}<extra></extra>"),
             dict(type="scatter", name="ridge", mode="lines", x=[ridge, ridge], y=[roof_y[0], pf], showlegend=False,
                  hoverinfo="skip", line=dict(color="#999", width=1, dash="dot"))]
-    if dtype_points:
-        data.append(dict(type="scatter", name=tx["decode_dtypes"], mode="markers+text",
+    if dtype_points:  # named in the key, left to right: their labels ran into each other (~15 px apart)
+        data.append(dict(type="scatter", name=tx["decode_dtypes"], mode="markers",
                          x=[p["intensity"] for p in dtype_points], y=[p["attainable"] for p in dtype_points],
-                         text=[p.get("short", "") for p in dtype_points], textposition="bottom center",
-                         textfont=dict(size=10, color="#555"),
                          marker=dict(size=9, symbol="circle-open", color=KIND_COLORS["decode"], line=dict(width=2)),
                          customdata=[hover(p) for p in dtype_points], hovertemplate="%{customdata}<extra></extra>"))
     data.append(dict(type="scatter", name="points", mode="markers+text", x=[p["intensity"] for p in points],
                      y=[p["attainable"] for p in points], text=[p["label"] for p in points],
-                     # a label on the side of its point away from the plot's nearer edge: "top left" of the
-                     # decode point at the left end was cut to "ode, batch 1" by the plot area
-                     textposition=["top right" if p["intensity"] < math.sqrt(lo * hi) else "top left" for p in points],
+                     # a label on the side of the roof away from it: below and right of a point on the slope (a
+                     # label above and right ran into the rising roof; left of it, the plot's edge cut it), above
+                     # and left of one on the flat roof
+                     textposition=["bottom right" if p["intensity"] < ridge else "top left" for p in points],
                      textfont=dict(size=11), showlegend=False,
                      marker=dict(size=12, color=[KIND_COLORS[p["kind"]] for p in points],
                                  line=dict(color="white", width=1)),
                      customdata=[hover(p) for p in points], hovertemplate="%{customdata}<extra></extra>"))
-    annotations = [dict(x=math.log10(ridge), y=math.log10(pf), xref="x", yref="y",
-                        text=tx["ridge"].format(r=fmt_num(ridge, lang)), showarrow=True, arrowhead=2, ax=0, ay=-28,
+    # the ridge named at the foot of its dotted line: above the roof its arrow ran through the prefill label
+    annotations = [dict(x=math.log10(ridge), y=0, xref="x", yref="paper", xanchor="left", yanchor="bottom",
+                        xshift=4, yshift=4, text=tx["ridge"].format(r=fmt_num(ridge, lang)), showarrow=False,
                         font=dict(size=11))]
     ymin = min(roof_y[0], min(p["attainable"] for p in pts)) / 3
-    key, top = _key([("○", KIND_COLORS["decode"], tx["decode_dtypes"])] if dtype_points else [], 65)
+    key, top = _key([("○", KIND_COLORS["decode"], dtypes_key(dtype_points, tx))] if dtype_points else [], 65)
     lay = layout(title, UIREV_ROOF, height=380, annotations=annotations + [key] * bool(dtype_points),
                  margin=dict(l=65, r=20, t=max(top, 50), b=45),
+                 # a label per decade: the digits between ("2 5 2 5") crowded a narrow chart
                  xaxis=dict(type="log", title=dict(text=tx["x"]), range=[math.log10(lo), math.log10(hi)],
-                            gridcolor="#EEE"),
-                 # room above the roof for the ridge's label, under the key
+                            gridcolor="#EEE", dtick=1),
                  yaxis=dict(type="log", title=dict(text=tx["y"]), range=[math.log10(ymin), math.log10(pf * 8)],
-                            gridcolor="#EEE", exponentformat="SI"))
+                            gridcolor="#EEE", exponentformat="SI", dtick=1))
     return figure(data, lay)
+
+
+def dtypes_key(dtype_points: list[dict], tx: dict) -> str:
+    """The hollow points' key: their dtypes left to right, those at one intensity together ("fp8 = int8")."""
+    groups: dict[float, list[str]] = {}
+    for p in sorted(dtype_points, key=lambda p: p["intensity"]):
+        groups.setdefault(round(math.log10(p["intensity"]), 3), []).append(p.get("short", ""))
+    return tx["decode_dtypes"] + ": " + tx["left_to_right"].format(names=", ".join(" = ".join(g) for g in
+                                                                                   groups.values()))
 
 
 # ---- (e) speculative decoding ------------------------------------------------------------------------------

@@ -287,6 +287,19 @@ def rotated_px(font_size: float, chars: int, angle_deg: float) -> int:
     return int(math.ceil(label_px(font_size, chars) * math.sin(a) + font_size * 1.2 * math.cos(a)))
 
 
+def column_widths(header: list[str], cols: list[list]) -> list[float]:
+    """A Plotly table's columnwidth: each column's share of the table's width by what it must hold, its
+    header's longest word and its values' (Plotly wraps a cell at spaces, never inside a word, and clips the
+    rest: fixed shares cut "format" to "forma" and "B/weight" to "B/weigh"), in characters, plus padding."""
+    def words(text) -> list[int]:
+        return [len(w) for w in html.unescape(_TAG.sub(" ", str(text))).split()] or [0]
+
+    # a header is bold (wider glyphs); a value of several words wraps, so it asks for its longest word and a
+    # little more (a line of two short words reads better than a column of one-word lines)
+    return [max(1.15 * max(words(h)), *(min(sum(words(v)) + len(words(v)) - 1, max(words(v)) + 6) for v in col))
+            + 2 for h, col in zip(header, cols)]
+
+
 # ---- token text and numbers, as every chart and panel shows them ------------------------------------------
 # Control characters as Unicode's control pictures (␀ … ␟, ␡); a space, a newline and a tab as the marks
 # readers know from editors.

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from engine.events import SeqEvent
 from engine.tokenizer import DetokStep
 
-from .common import empty, figure, layout
+from .common import column_widths, empty, figure, layout
 from .common import markup, plain
 from ..i18n import texts
 
@@ -102,7 +102,7 @@ def detok_table(events, seq_id: int, last_n: int = 12, lang: str = "en") -> dict
     column_fills = [list(fills) for _ in range(7)]
     column_fills[2] = [FORCED_FILL if r.forced else f for r, f in zip(rows, fills)]
     trace = dict(
-        type="table", columnwidth=[56, 56, 90, 90, 110, 80, 90],
+        type="table", columnwidth=column_widths(tx["cols"], cols),  # fixed shares cut "придержано"
         header=dict(values=[f"<b>{c}</b>" for c in tx["cols"]], fill=dict(color="#F0F0F0"), align="left",
                     font=dict(size=12)),
         cells=dict(values=cols, align="left", height=24, fill=dict(color=column_fills),

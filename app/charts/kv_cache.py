@@ -9,8 +9,8 @@ import math
 
 from engine.kv_cache import KVStats
 
-from .common import (ABOVE_PLOT, BAR, FREE, GREY, KEY_ROW, SEQ_COLORS, empty, figure, fmt_bytes, layout, legend_key,
-                     seq_color)
+from .common import (ABOVE_PLOT, BAR, FREE, GREY, KEY_ROW, SEQ_COLORS, empty, figure, fmt_bytes, label_px, layout,
+                     legend_key, seq_color)
 from ..i18n import texts
 
 COLS = 32  # blocks per grid row: block id = row * COLS + col
@@ -115,15 +115,19 @@ def block_pool_chart(event, lang: str = "en") -> dict:
     if drawn < n:
         data.append(_legend(tx["not_drawn"].format(k=n - drawn, first=drawn, last=n - 1), FREE_COLOR))
     title = tx["pool_title"].format(used=kv.used, cached=kv.cached, free=kv.free, n=n, bs=kv.block_size)
-    lay = layout(title, UIREV_POOL, showlegend=True, height=max(170, 24 * rows + 130),
+    row_labels = [f"{r * cols}–{min(drawn, (r + 1) * cols) - 1}" for r in range(rows)]
+    # the left margin fits the longest row label and the axis title beside it (a fixed 70 px put "blocks" over
+    # "352–383" in a pool of 728 blocks)
+    left = label_px(12, max(len(s) for s in row_labels)) + 30
+    # room for a legend of three rows under the grid (a narrow window wraps it): in a figure too short for its
+    # margins Plotly shrank the top one, and the block numbers ran into the title
+    lay = layout(title, UIREV_POOL, showlegend=True, height=max(200, 24 * rows + 150),
                  legend=dict(orientation="h", y=-0.02, yanchor="top", x=0, font=dict(size=11)),
-                 margin=dict(l=70, r=10, t=46, b=40),  # the block numbers on top, under the title
+                 margin=dict(l=left, r=10, t=46, b=40),  # the block numbers on top, under the title
                  xaxis=dict(range=[-0.5, cols - 0.5], showgrid=False, zeroline=False, tickmode="array",
                             tickvals=[0, 8, 16, 24, 31], side="top", title=dict(text="")),
                  yaxis=dict(range=[rows - 0.5, -0.5], showgrid=False, zeroline=False, tickmode="array",
-                            tickvals=list(range(rows)),
-                            ticktext=[f"{r * cols}–{min(drawn, (r + 1) * cols) - 1}" for r in range(rows)],
-                            title=dict(text=tx["row"])))
+                            tickvals=list(range(rows)), ticktext=row_labels, title=dict(text=tx["row"])))
     return figure(data, lay)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .common import LINE, empty, figure, fmt_num, layout, legend_key, plain
+from .common import LINE, column_widths, empty, figure, fmt_num, layout, legend_key, plain
 from ..i18n import texts
 
 FORMAT_COLORS = {"fp32": "#4C78A8", "bf16": "#F58518", "int8": "#9D755D", "q4": "#72B7B2"}  # as the calculators' dtypes
@@ -171,7 +171,7 @@ def table_chart(cmp, lang: str = "en") -> dict:
         return empty(tx["table"], tx["none"], UIREV["table"])
     rows = table_rows(cmp, lang)
     cols = [list(c) for c in zip(*rows)]
-    trace = dict(type="table", columnwidth=[56, 76, 72, 68, 50, 58, 96, 60],
+    trace = dict(type="table", columnwidth=column_widths(tx["cols"], cols),
                  header=dict(values=[f"<b>{c}</b>" for c in tx["cols"]], fill=dict(color="#F0F0F0"), align="left",
                              height=40),
                  cells=dict(values=cols, align="left", height=24,

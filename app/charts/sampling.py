@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from engine.sampling import SamplingTrace, StageSnapshot
 
-from .common import ABOVE_PLOT, ACCENT, GREY, LABEL_CHARS, empty, figure, label_px, layout, plain, rank_shown, rotated_px
+from .common import (ABOVE_PLOT, ACCENT, GREY, LABEL_CHARS, empty, figure, label_px, layout, plain, rank_shown,
+                     rotated_px, wrap_title)
 from .logits import FORCED_COLOR, Forced, row_role
 from ..i18n import texts
 
@@ -25,6 +26,7 @@ UIREV_CDF = "chart-cdf"
 
 HEADER_ROW = 40  # px between the two rows of stage headers (up to three lines of 10 px text each)
 BADGE_ROW = 24  # px for the what-if badge, in its own row above the headers (beside them it ran into them)
+NOTE_CHARS = 50  # a line of 11 px text across the inverse-CDF chart's narrowest plot area (~330 px)
 COLUMN_GAP = 0.2  # between two stages' columns, as a fraction of a column's width
 
 
@@ -111,8 +113,9 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
             hovertemplate=("%{customdata[1]} (id %{customdata[0]})<br>p = %{customdata[4]:.4f}"
                            "<br>" + tx["logit"] + " = %{customdata[2]}<br>%{customdata[3]}<extra>" + label + "</extra>"),
         ))
+        # the column's 0 is its bars' left edge, left unlabelled: "0" ran into "20%" in a column ~45 px wide
         tickvals += [origin, origin + tick]
-        ticktext += ["0", f"{tick:.0%}" if tick >= 0.01 else f"{tick:.1%}"]
+        ticktext += ["", f"{tick:.0%}" if tick >= 0.01 else f"{tick:.1%}"]
         x0 = origin / span  # the column's left edge in paper coordinates
         width = reach / span
         removed = st.mass_removed
@@ -122,8 +125,13 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
             sub = f"<b>{label}</b><br>{tx['off']}"
         else:
             sub = f"<b>{label}</b><br>{kept_n:,}" + (f"<br>−{removed:.1%}" if removed > 0 else "")
-        # headers alternate between two rows: "penalties" and "temperature" side by side would overlap
-        annotations.append(dict(text=sub, x=x0 + width / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
+        # headers alternate between two rows: "penalties" and "temperature" side by side would overlap; the
+        # first and last are held inside the plot's edges (centred on a narrow column, "49,152" crossed the
+        # what-if frame)
+        edge = "left" if k == 0 else "right" if k == ns - 1 else "center"
+        annotations.append(dict(text=sub, x={"left": x0, "right": x0 + width, "center": x0 + width / 2}[edge],
+                                y=1.0, xref="paper", yref="paper", xanchor=edge, align=edge,
+                                xshift={"left": 3, "right": -3, "center": 0}[edge],
                                 yanchor="bottom", yshift=HEADER_ROW * (k % 2), showarrow=False,
                                 font=dict(size=10, color="#333" if active else "#999"),
                                 hovertext=tx["stage_hover"].format(name=label, kept=kept_n, vocab=vocab, removed=removed)))
@@ -155,7 +163,9 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
         annotations.append(dict(text=f"<b>{tx['what_if_badge']}</b>", x=1.0, y=1.0, xref="paper", yref="paper",
                                 xanchor="right", yanchor="bottom", yshift=2 * HEADER_ROW + 2, showarrow=False,
                                 font=dict(size=12, color="white"), bgcolor=WHAT_IF_COLOR, borderpad=3))
-        shapes.append(dict(type="rect", xref="paper", yref="paper", x0=-0.005, x1=1.005, y0=-0.02,
+        # the frame on the plot area's edges, the tick labels held off them: a frame a few pixels outside ran
+        # through the token labels' last letters ("␣can" read "␣car")
+        shapes.append(dict(type="rect", xref="paper", yref="paper", x0=0, x1=1, y0=0,
                            y1=1.0 + (2 * HEADER_ROW + BADGE_ROW) / plot_height,
                            line=dict(color=WHAT_IF_COLOR, width=3), fillcolor="rgba(0,0,0,0)", layer="above"))
         extra["paper_bgcolor"] = "#FFF6EC"
@@ -167,11 +177,11 @@ def sampling_chain_chart(sampling: SamplingTrace | None, what_if: bool = False, 
                  # the top token at the top: an explicit reversed range (autorange "reversed" is lost when
                  # Plotly.react follows the page's placeholder, which has the same uirevision)
                  yaxis=dict(tickmode="array", tickvals=list(range(n)), ticktext=labels, range=[n - 0.5, -0.5],
-                            autorange=False, ticksuffix=" ", title=dict(text=tx["tokens_axis"], font=dict(size=11)),
-                            fixedrange=False),
+                            autorange=False, ticksuffix=" ", ticklabelstandoff=4,
+                            title=dict(text=tx["tokens_axis"], font=dict(size=11)), fixedrange=False),
                  xaxis=dict(range=[0, span], tickmode="array", tickvals=tickvals, ticktext=ticktext,
                             tickfont=dict(size=9), tickangle=0, showgrid=True, gridcolor="#EEE", zeroline=False,
-                            title=dict(text=tx["prob"], font=dict(size=11))),
+                            ticklabelstandoff=3, title=dict(text=tx["prob"], font=dict(size=11))),
                  **extra)
     return figure(data, lay)
 
@@ -300,7 +310,9 @@ def sampling_cdf_chart(sampling: SamplingTrace | None, lang: str = "en", forced:
     masked = masked_by_grammar(sampling)
     if masked:  # the grammar's cut tokens are not in the draw at all: say which of the top ones they were
         names = ", ".join([f"«{plain(text_of.get(t, f'#{t}'), LABEL_CHARS)}»" for t in ids if t in masked][:4])
-        annotations.append(dict(text=tx["cdf_masked"].format(n=len(masked), names=names), x=0.0, y=1.0,
+        # wrapped to the narrowest chart's plot area (~330 px): one line ran past the chart's right edge
+        note, _ = wrap_title(tx["cdf_masked"].format(n=len(masked), names=names), NOTE_CHARS)
+        annotations.append(dict(text=note, x=0.0, y=1.0, align="left",
                                 xref="paper", yref="paper", xanchor="left", yanchor="top", showarrow=False,
                                 font=dict(size=11, color="#777"), bgcolor="rgba(255,255,255,0.85)"))
     tail = 1.0 - (cum[-1] if cum else 0.0)
@@ -308,11 +320,14 @@ def sampling_cdf_chart(sampling: SamplingTrace | None, lang: str = "en", forced:
         annotations.append(dict(text=tx["tail"].format(m=tail), x=1.0, y=0.02, xref="paper", yref="paper",
                                 xanchor="right", yanchor="bottom", showarrow=False, font=dict(size=11, color="#777")))
     angle = -45 if m > 8 else 0
-    lay = layout(title, UIREV_CDF, height=360 + 18 * (forced is not None), bargap=0.3, annotations=annotations,
+    axis_title, added = wrap_title(tx["draw_order"], NOTE_CHARS)  # "оставшиеся токены … первыми)" ran off
+    lay = layout(title, UIREV_CDF, height=360 + 18 * (forced is not None) + 14 * added, bargap=0.3,
+                 annotations=annotations,
                  # a forced token's title has a line more; the bottom fits LABEL_CHARS (see common.py)
-                 margin=dict(l=55, r=20, t=45 + 18 * (forced is not None), b=rotated_px(10, LABEL_CHARS, angle) + 30),
+                 margin=dict(l=55, r=20, t=45 + 18 * (forced is not None),
+                             b=rotated_px(10, LABEL_CHARS, angle) + 30 + 14 * added),
                  xaxis=dict(tickmode="array", tickvals=xs, ticktext=labels, range=[-0.6, max(m, 6) - 0.4],
-                            tickfont=dict(size=10), title=dict(text=tx["draw_order"], font=dict(size=11)),
+                            tickfont=dict(size=10), title=dict(text=axis_title, font=dict(size=11)),
                             tickangle=angle),
                  yaxis=dict(range=[0, 1.04], title=dict(text=tx["cum"]), tickformat=".0%", gridcolor="#EEE"))
     return figure(data, lay)

@@ -329,9 +329,12 @@ def roofline_chart(events, bandwidth: float, peak_flops: float, lang: str = "en"
         legend_key([key]),
         dict(x=math.log10(ridge), y=math.log10(pf), xref="x", yref="y", text=tx["ridge"].format(r=ridge),
              showarrow=True, arrowhead=2, ax=0, ay=-30, font=dict(size=11)),
+        # below and right of a point on the rising roof, so that the roof passes above the whole label (centred
+        # on it, the roof ran through "memory-bound: 25.9 GB/s", and the label over the y axis's ticks)
         dict(x=math.log10(math.sqrt(lo * ridge)), y=math.log10(bw * math.sqrt(lo * ridge)), xref="x", yref="y",
-             text=tx["mem_bound"].format(bw=fmt_si(bw, "B/s", lang)), showarrow=False, yshift=12, textangle=0,
-             font=dict(size=10, color="#555")),
+             xanchor="left", yanchor="top", xshift=6, yshift=-6,
+             text=tx["mem_bound"].format(bw=fmt_si(bw, "B/s", lang)), showarrow=False, textangle=0,
+             font=dict(size=10, color="#555"), bgcolor="rgba(255,255,255,0.75)"),
         # held to the plot's right end: centred on the flat roof, a long label ("пик вычислений: 267 Гфлоп/с")
         # ran past the chart's edge where the roof is short
         dict(x=math.log10(hi), y=math.log10(pf), xref="x", yref="y", xanchor="right", xshift=-4,
@@ -341,8 +344,9 @@ def roofline_chart(events, bandwidth: float, peak_flops: float, lang: str = "en"
     ymin = min(min(ys), roof_y[0]) / 3
     lay = layout(tx["roofline_title"], UIREV_ROOFLINE, height=380, annotations=annotations,
                  margin=dict(l=60, r=20, t=78, b=45),  # a two-line title, the key under it
+                 # a label per decade: the digits between ("7 8 9") ran into each other
                  xaxis=dict(type="log", title=dict(text=tx["x"]), range=[math.log10(lo), math.log10(hi)],
-                            gridcolor="#EEE"),
+                            gridcolor="#EEE", dtick=1),
                  yaxis=dict(type="log", title=dict(text=tx["y"]), range=[math.log10(ymin), math.log10(pf * 3)],
-                            gridcolor="#EEE", exponentformat="SI"))
+                            gridcolor="#EEE", exponentformat="SI", dtick=1))
     return figure(data, lay)
