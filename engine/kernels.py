@@ -143,7 +143,8 @@ def native_i8(k: Kernel) -> Kernel:
 def candidates(fmt: str, w: torch.Tensor, q4: tuple | None = None) -> tuple[list[Kernel], ...]:
     """(one-row, decode-batch, prefill candidates) of one matrix in `fmt`; w is its float32 weight (for q4, the
     dequantised one; q4 carries the codes, scales and lows)."""
-    own = native.available() and w.device.type == "cpu"
+    # the lab's kernels take float32 rows: a model of bf16 or fp16 activations (its weights cast alike) runs torch's
+    own = native.available() and w.device.type == "cpu" and w.dtype == torch.float32
     if fmt == "fp32":
         plain = Kernel(scripted.MKL, w.contiguous())
         decode = [plain] + [k for k in [_onednn(plain.weight)] if k]

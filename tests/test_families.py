@@ -2,7 +2,7 @@
 
 No network here, so each family is a tiny randomly initialised checkpoint built from transformers' own config
 class with the family's distinctive options switched on (llama3 RoPE scaling, q/k/v biases, a sliding window
-shorter than the prompt, per-head q/k RMSNorm), its norm weights and biases randomised as trained checkpoints
+shorter than the prompt, on every layer or from a layer on, per-head q/k RMSNorm), its norm weights and biases randomised as trained checkpoints
 have them (a freshly initialised model has norms of exactly 1 and biases of 0, which hide a missing norm or
 bias), saved with the bundled tokenizer to a temporary directory and loaded by `Engine.from_pretrained(dir)`.
 
@@ -36,7 +36,7 @@ PROMPTS = [
 MAX_NEW = 48
 MAX_DIFF = 1e-4  # |our logit - transformers' logit|, float32; the same bound for log-probabilities
 TOP = 20  # prompt log-probabilities' alternatives per position (the engine's limit)
-WINDOW = 12  # Mistral's sliding window: shorter than every prompt (44-58 tokens with the chat template)
+WINDOW = 12  # the sliding window (Mistral's every layer, Qwen3's from layer 1): shorter than every prompt (44-58)
 
 COMMON = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
@@ -57,9 +57,11 @@ def _config(family: str):
                            rope_parameters=dict(rope_type="default", rope_theta=1e6))
     if family == "mistral":  # a sliding window shorter than the prompt; one K/V head
         return MistralConfig(**{**COMMON, "num_key_value_heads": 1}, sliding_window=WINDOW)
-    if family == "qwen3":  # per-head RMSNorm of q and k before RoPE; head_dim x heads != hidden, as in Qwen3
+    if family == "qwen3":  # per-head RMSNorm of q and k before RoPE; head_dim x heads != hidden, as in Qwen3;
+        # and Qwen's sliding window on the layers from max_window_layers on: full and windowed layers in one model
         return Qwen3Config(**{**COMMON, "tie_word_embeddings": True}, head_dim=32,
-                           rope_parameters=dict(rope_type="default", rope_theta=1e6))
+                           rope_parameters=dict(rope_type="default", rope_theta=1e6), use_sliding_window=True,
+                           sliding_window=WINDOW, max_window_layers=1)
     raise KeyError(family)
 
 
@@ -87,8 +89,8 @@ class Reference:
 @dataclass
 class Family:
     name: str
+    directory: object  # the checkpoint (a pathlib.Path)
     engine: Engine
-    hf: object
     refs: list[Reference]
 
 
@@ -115,7 +117,7 @@ def family(request, tmp_path_factory, loaded):
             assert len(out) == len(ids) + MAX_NEW
             logits = hf(out[None, :-1]).logits[0].float()
             refs.append(Reference(ids, out[len(ids):].tolist(), logits))
-    return Family(name, eng, hf, refs)
+    return Family(name, directory, eng, refs)
 
 
 def _run(eng: Engine, refs: list[Reference], together: bool, prompt_logprobs: bool) -> list[dict]:
@@ -240,6 +242,20 @@ def test_speculative_decoding_keeps_the_greedy_ids(family, method):
         assert list(eng.result(rid).token_ids) == ref.ids
 
 
+@pytest.mark.parametrize("family", ["qwen3"], indirect=True)
+def test_bfloat16_activations(family):
+    """dtype=torch.bfloat16 on the CPU (torch's kernels: the lab's take float32 rows) loads and runs; the
+    logits at each prompt's end are transformers' float32 ones to bf16's precision (a missing norm or bias would
+    be off by whole units)."""
+    eng = Engine.from_pretrained(str(family.directory), dtype=torch.bfloat16, kv_memory=4 << 20)
+    rids = [eng.add_request(prompt_ids=ref.prompt_ids, params=SamplingParams(max_tokens=1, temperature=0.0))
+            for ref in family.refs]
+    eng.step()
+    for rid, ref in zip(rids, family.refs):
+        diff = (eng.last_logits(rid) - ref.logits[len(ref.prompt_ids) - 1]).abs().max()
+        assert diff <= 0.3, f"bf16 logits differ from float32 transformers' by {float(diff):.3g}"
+
+
 def test_every_family_decodes_on_the_native_path(family):
     """No family falls back to a slower decode path: with the lab's kernels built, a single sequence's decode
     step is one native call for each, sliding windows and q/k norms included; --stats names the attention."""
@@ -249,14 +265,18 @@ def test_every_family_decodes_on_the_native_path(family):
     if native.available():
         assert "native call" in model.decode_path, model.decode_path
     described = model.attention
-    assert ("sliding window of 12 tokens on every layer" in described) == (family.name == "mistral"), described
+    window = {"mistral": "on every layer", "qwen3": "on layers 1, 2"}.get(family.name)
+    assert (f"sliding window of {WINDOW} tokens {window}" in described) if window else "window" not in described, \
+        described
     assert ("q and k RMS-normalised" in described) == (family.name == "qwen3"), described
 
 
-@pytest.mark.parametrize("family", ["mistral"], indirect=True)
+@pytest.mark.parametrize("family", ["mistral", "qwen3"], indirect=True)
 def test_sliding_window_is_what_the_attention_maps_show(family):
-    """The captured attention of a windowed model: every query row puts its weight on its last WINDOW keys
-    only (prefill rows and a decode row), and those weights sum to 1."""
+    """The captured attention of a windowed model: every query row of a windowed layer puts its weight on its
+    last WINDOW keys only, of a full layer on every key up to its own (prefill rows and a decode row); each row's
+    weights sum to 1."""
+    windows = family.engine.model.windows
     eng = family.engine.session(enable_prefix_caching=False)
     eng.instrument = Capture(logit_lens=False, embeddings=False, residual_norms=False)
     ref = family.refs[2]
@@ -268,11 +288,12 @@ def test_sliding_window_is_what_the_attention_maps_show(family):
         positions = cap.attention_positions or list(range(sev.chunk_start, sev.chunk_start + sev.num_processed))
         for layer, probs in cap.attention.items():  # [heads, rows, context]
             for r, pos in enumerate(positions):
-                rows.append((pos, probs[:, r]))
-    assert {pos for pos, _ in rows} >= {0, WINDOW, len(ref.prompt_ids)}  # the prefill's rows and a decode row
-    for pos, p in rows:
+                rows.append((windows[layer], pos, probs[:, r]))
+    assert {pos for _, pos, _ in rows} >= {0, WINDOW, len(ref.prompt_ids)}  # the prefill's rows and a decode row
+    assert {w for w, _, _ in rows} == set(windows)
+    for window, pos, p in rows:
         keys = torch.arange(p.shape[-1])
-        inside = (keys <= pos) & (keys > pos - WINDOW)
+        inside = (keys <= pos) & ((keys > pos - window) if window else True)
         assert float(p[:, ~inside].abs().sum()) == 0.0, f"query {pos} attends outside its window"
         assert torch.allclose(p[:, inside].sum(-1), torch.ones(p.shape[0]), atol=1e-5)
 
