@@ -5,6 +5,11 @@ and single decode tokens mixed). Projections and the MLP run once over all rows;
 (or as one padded call when every sequence decodes a single token), gathering each sequence's K/V from the
 pool through its slots (block table → physical slots, computed by the scheduler).
 
+The families differ in data the layers take, not in code paths: each layer's sliding window (Mistral's on every
+layer, Qwen's from `max_window_layers` on; query i sees keys i - window < j <= i, transformers' mask: a mask on
+the prefill and capture paths, a key range in the native decode attention), Qwen3's per-head q/k RMSNorm (applied
+with the rotation, in rope_store), and the biases of whichever fused matrices the checkpoint has.
+
 Weights are re-laid out once at load: q/k/v fused into one matrix and gate/up into another, so a layer makes
 four weight reads instead of seven. Each matrix is stored in the chosen weight format (fp32, bf16, int8, q4)
 and runs the kernel measured fastest for it on this machine, one for decode-sized and one for prefill-sized
@@ -353,7 +358,7 @@ class Model:
         local = [i for i, w in enumerate(self.windows) if w]
         if local:
             where = "every layer" if len(local) == spec.num_layers else "layers " + ", ".join(map(str, local))
-            parts.append(f"a sliding window of {spec.sliding_window} tokens on {where}, on every path")
+            parts.append(f"a sliding window of {spec.sliding_window} tokens on {where}")
         if spec.qk_norm:
             parts.append("q and k RMS-normalised per head before RoPE")
         return "; ".join(parts)

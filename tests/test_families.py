@@ -1,10 +1,11 @@
 """Every model family we run, through our engine, against transformers' own model of the same weights.
 
 No network here, so each family is a tiny randomly initialised checkpoint built from transformers' own config
-class with the family's distinctive options switched on (llama3 RoPE scaling, q/k/v biases, a sliding window
-shorter than the prompt, on every layer or from a layer on, per-head q/k RMSNorm), its norm weights and biases randomised as trained checkpoints
-have them (a freshly initialised model has norms of exactly 1 and biases of 0, which hide a missing norm or
-bias), saved with the bundled tokenizer to a temporary directory and loaded by `Engine.from_pretrained(dir)`.
+class with the family's distinctive options switched on (llama3 RoPE scaling; q/k/v biases; a sliding window
+shorter than the prompt, on every layer or from a layer on; per-head q/k RMSNorm), its norm weights and biases
+randomised as trained checkpoints have them (a freshly initialised model has norms of exactly 1 and biases of 0,
+which hide a missing norm or bias), saved with the bundled tokenizer to a temporary directory and loaded by
+`Engine.from_pretrained(dir)`.
 
 For three prompts, each run of the engine must give:
 - the greedy ids of transformers' `generate`, 48 tokens each;
@@ -13,8 +14,8 @@ For three prompts, each run of the engine must give:
   logits themselves (`Engine.last_logits`), within MAX_DIFF.
 The runs cover the engine's paths: a single sequence (the native decode step), the three prompts batched
 (batched decode), chunked prefill (chunks mixed with decode steps), prefix caching on and off (a second run
-of the same prompts reads the cached blocks), and the instrumented forward (`Engine.instrument`, the lab's
-capture path).
+of the same prompts reads the cached blocks), the instrumented forward (`Engine.instrument`, the lab's
+capture path) and speculative decoding (greedy ids). A family we do not run is refused before its weights.
 """
 from __future__ import annotations
 
