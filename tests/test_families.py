@@ -95,19 +95,17 @@ class Family:
     refs: list[Reference]
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
-def family(request, tmp_path_factory, loaded):
+def _build(name: str, config, directory, tokenizer) -> Family:
+    """The checkpoint of `config` (randomised) in `directory`, our engine over it, and transformers' references."""
     from transformers import AutoModelForCausalLM
 
-    name = request.param
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(_config(name), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     _randomise(hf)
-    directory = tmp_path_factory.mktemp(name)
     hf.save_pretrained(str(directory))
-    loaded.tokenizer.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
     eng = Engine.from_pretrained(str(directory), kv_memory=4 << 20)
-    assert eng.spec.model_type == name
+    assert eng.spec.model_type == config.model_type
     hf.generation_config.eos_token_id = None  # 48 tokens whatever comes, as ignore_eos in ours
     refs = []
     with torch.no_grad():
@@ -119,6 +117,11 @@ def family(request, tmp_path_factory, loaded):
             logits = hf(out[None, :-1]).logits[0].float()
             refs.append(Reference(ids, out[len(ids):].tolist(), logits))
     return Family(name, directory, eng, refs)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tmp_path_factory, loaded):
+    return _build(request.param, _config(request.param), tmp_path_factory.mktemp(request.param), loaded.tokenizer)
 
 
 def _run(eng: Engine, refs: list[Reference], together: bool, prompt_logprobs: bool) -> list[dict]:
@@ -224,6 +227,17 @@ def test_instrumented(family):
     eng.instrument = Capture(logit_lens=False, embeddings=False)
     _check(_run(eng, family.refs[:1], False, prompt_logprobs=True), family.refs[:1], "instrumented, alone")
     _check(_run(eng, family.refs, True, prompt_logprobs=True), family.refs, "instrumented, batched")
+
+
+def test_biases_wherever_a_config_puts_them(tmp_path, loaded):
+    """A Llama config with attention_bias (q, k, v and o) and mlp_bias (gate, up, down): every fused matrix's
+    bias is read from the checkpoint and added on every path (alone and batched here)."""
+    from transformers import LlamaConfig
+
+    fam = _build("llama", LlamaConfig(**COMMON, attention_bias=True, mlp_bias=True), tmp_path, loaded.tokenizer)
+    assert all(fam.engine.model.layers[0][m].bias is not None for m in ("qkv", "o", "gate_up", "down"))
+    _check(_run(fam.engine.session(), fam.refs, together=False, prompt_logprobs=True), fam.refs, "biased, alone")
+    _check(_run(fam.engine.session(), fam.refs, together=True, prompt_logprobs=False), fam.refs, "biased, batched")
 
 
 @pytest.mark.parametrize("method", ["ngram", "early_exit"])
