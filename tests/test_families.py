@@ -229,6 +229,18 @@ def test_instrumented(family):
     _check(_run(eng, family.refs, True, prompt_logprobs=True), family.refs, "instrumented, batched")
 
 
+def test_fast_paths_equal_the_python_path_bitwise(family):
+    """The engine's invariant for every family: the scripted stack and the native decode step give the bits of
+    Model.forward's op-by-op Python loop (contexts of up to 40 tokens: past every window), logits and K/V alike."""
+    from engine import compute
+    from test_engine_fastpath import NOTHING, _forward_three_ways
+
+    fast = compute.run(_forward_three_ways, family.engine.model, None)
+    slow = compute.run(_forward_three_ways, family.engine.model, NOTHING)
+    for a, b in zip(fast, slow):
+        assert torch.equal(a, b)
+
+
 def test_biases_wherever_a_config_puts_them(tmp_path, loaded):
     """A Llama config with attention_bias (q, k, v and o) and mlp_bias (gate, up, down): every fused matrix's
     bias is read from the checkpoint and added on every path (alone and batched here)."""
