@@ -77,6 +77,7 @@ UI = {
     "whatif": {"en": "What-if: the sampling chain recomputed from this step's cached logits; applies from the next step.",
                "ru": "Что-если: цепочка сэмплирования пересчитана по сохранённым логитам; применится со следующего шага."},
     "language": {"en": "Language", "ru": "Язык"},
+    "projector": {"en": "Projector mode: larger type", "ru": "Режим проектора: крупный шрифт"},
     "lecture": {"en": "Lecture mode", "ru": "Режим лекции"},
     "token": {"en": "Presenter token (printed when the server starts)",
               "ru": "Токен ведущего (печатается при запуске сервера)"},

@@ -139,8 +139,10 @@ def _header(c) -> None:
     with gr.Row(elem_classes="il-header"):
         c.header = gr.HTML(header_html("en"), elem_id="il-title")
         # wide enough for both choices on one line: the header stays two lines tall, Step in the first screen
-        c.lang = gr.Radio(LANG_CHOICES, value="en", label=t("language", "en"), elem_id="lang", scale=0,
-                          min_width=290)
+        with gr.Column(scale=0, min_width=290):  # under the language: the title keeps the row's width
+            c.lang = gr.Radio(LANG_CHOICES, value="en", label=t("language", "en"), elem_id="lang")
+            # larger type for a room's shared screen (static/lab.js projector); a checkbox: Tab and Space reach it
+            c.projector = gr.Checkbox(value=False, label=t("projector", "en"), elem_id="projector")
     c.status = gr.HTML(elem_id="model-status")
     c.timer = gr.Timer(0.5)
 
@@ -169,7 +171,7 @@ def _request_controls(c) -> None:
         c.reset_btn = gr.Button(t("reset", "en"), variant="stop", elem_id="reset", min_width=60)
     c.add_btn = gr.Button(t("add", "en"), elem_id="add_request", size="sm")
     c.demo_btn = gr.Button(t("demo_preempt", "en"), elem_id="preempt_demo", size="sm")
-    # below Step, so that Step is in a wide window's first screen; a narrow window shows them above Step, so
+    # below Step, so that Step is in a wide window's first screen; a narrow window shows this row above Step, so
     # that the panels follow Step closely (static/lab.css)
     with gr.Row(elem_id="request-settings"):
         c.seed = gr.Number(value=0, precision=0, label=t("seed", "en"), elem_id="seed", min_width=90)
@@ -270,13 +272,13 @@ def _layer_head(c) -> None:
 
 
 def _force_box(c) -> None:
-    with gr.Row(equal_height=True):
+    with gr.Row():
         c.force_id = gr.Number(value=None, precision=0, label=t("force", "en"), elem_id=IDS["force_id"])
         c.force_btn = gr.Button(t("force_btn", "en"), elem_id=IDS["force"], size="sm")
 
 
 def _rewind_box(c) -> None:
-    with gr.Row(equal_height=True):
+    with gr.Row():
         c.rewind_n = gr.Number(value=None, precision=0, label=t("rewind", "en"), elem_id=IDS["rewind_n"])
         c.branch = gr.Checkbox(value=False, label=t("branch_btn", "en"), elem_id="branch")
         c.rewind_btn = gr.Button(t("rewind_btn", "en"), elem_id=IDS["rewind"], size="sm")
@@ -482,7 +484,8 @@ def _wire_language(c, h: LabHandlers, tools: ToolHandlers) -> None:
     c.lang.change(tools.calc_choices, [c.lang, c.c_model, c.c_gpu], [c.c_model, c.c_dtype, c.c_gpu]).then(
         tools.calculators, [*c.calc_inputs, c.lang, c.visible], c.payload, show_progress="hidden")
     keyed = [(ctl, "label", f"calc.label.{name}") for ctl, name in zip(c.calc_inputs, CALC_INPUTS)]
-    keyed += [(c.lang, "label", "language"), (c.prompt, "label", "prompt"), (c.chat, "label", "chat"),
+    keyed += [(c.lang, "label", "language"), (c.projector, "label", "projector"), (c.prompt, "label", "prompt"),
+              (c.chat, "label", "chat"),
               (c.system, "label", "system"), (c.temperature, "label", "temperature"), (c.top_k, "label", "top_k"),
               (c.top_p, "label", "top_p"), (c.min_p, "label", "min_p"), (c.rep, "label", "repetition_penalty"),
               (c.freq, "label", "frequency_penalty"), (c.pres, "label", "presence_penalty"),
@@ -529,6 +532,8 @@ def _wire_language(c, h: LabHandlers, tools: ToolHandlers) -> None:
 def _wire_page(demo, c, h: LabHandlers, tools: ToolHandlers, registry: SessionRegistry) -> None:
     """Page load and unload: the model's status, the socket ticket, the calculators once the model is known."""
     preview = [c.prompt, c.chat, c.system, *c.view]
+    c.projector.change(None, c.projector, None,
+                       js="(on) => { if (window.inferlab) window.inferlab.projector(on); return []; }")
     # the status poll's last tick comes when the model is ready: the first screen's preview then
     c.timer.tick(h.status, c.lang, [c.status, c.timer, c.layer, c.head], show_progress="hidden").then(
         h.preview, preview, c.payload, show_progress="hidden")

@@ -6,7 +6,7 @@
   const K = () => window.INFERLAB || { ids: {}, types: {}, tabOps: {}, forceCharts: [], stepControls: {},
                                        viewControls: [] };
   const state = { renders: 0, lastRender: 0, lastPayloadTime: 0, bound: new Set(), timings: {}, renderStart: 0,
-                  pending: {}, drawn: {}, stale: {}, ops: {} };
+                  pending: {}, drawn: {}, stale: {}, ops: {}, figs: {}, projector: false };
 
   function setGradioValue(elemId, value) {
     // Gradio listens to 'input' events on its own <input>/<textarea>; set the value the way a user would.
@@ -62,11 +62,66 @@
     return r.bottom > -margin && r.top < window.innerHeight + margin && r.width > 0;
   }
 
+  // Projector mode: larger type for a shared screen. The page's text grows by CSS (static/lab.css) and every
+  // chart is drawn with each of its pixel sizes (fonts, margins, offsets, heights, line widths) times
+  // PROJECTOR_SCALE, in a panel at least that much wider (one chart per row, the controls above the panels): the
+  // chart a reader sees is the usual one magnified, so what fitted still fits.
+  const PROJECTOR_SCALE = 1.4;
+  const SCALED = new Set(["size", "height", "l", "r", "t", "b", "pad", "xshift", "yshift", "borderpad", "ax", "ay",
+                          "thickness", "ticklen", "standoff", "ticklabelstandoff", "tracegroupgap"]);
+  function magnify(v, key, parent) {
+    if (typeof v === "number") {
+      const px = SCALED.has(key) || (key === "width" && parent === "line");  // a bar's width is in data units
+      return px ? v * PROJECTOR_SCALE : v;
+    }
+    if (typeof v === "string") {  // a title's inline "font-size:11px"
+      return v.replace(/font-size:\s*(\d+(?:\.\d+)?)px/g, (_, n) => `font-size:${(n * PROJECTOR_SCALE).toFixed(1)}px`);
+    }
+    if (Array.isArray(v)) return v.map((x) => magnify(x, key, parent));
+    if (v && typeof v === "object") {
+      const out = {};
+      // an annotation's ax/ay are pixels unless they are axis coordinates
+      const keep = new Set([v.axref && v.axref !== "pixel" ? "ax" : "", v.ayref && v.ayref !== "pixel" ? "ay" : ""]);
+      for (const [k, x] of Object.entries(v)) out[k] = keep.has(k) ? x : magnify(x, k, key);
+      return out;
+    }
+    return v;
+  }
+  // a colour bar's title beside it: above it, the larger title met the top tick's label
+  const titleBeside = (bar) => ({ ...bar, title: { ...(bar.title || {}), side: "right" } });
+  function shown(fig, el) {
+    if (!state.projector) return fig;
+    const data = (fig.data || []).map((t) => {  // a trace's pixel sizes (its text, markers, lines), not its data
+      const out = { ...t };
+      for (const k of ["textfont", "marker", "line", "insidetextfont", "outsidetextfont", "header", "cells",
+                       "colorbar", "hoverlabel"]) if (t[k]) out[k] = magnify(t[k], k, "");
+      if (out.colorbar) out.colorbar = titleBeside(out.colorbar);
+      return out;
+    });
+    const layout = magnify(fig.layout || {}, "", "");
+    if (layout.coloraxis && layout.coloraxis.colorbar) {  // one colour bar for several heatmaps
+      layout.coloraxis = { ...layout.coloraxis, colorbar: titleBeside(layout.coloraxis.colorbar) };
+    }
+    // a figure without a height takes its container's (static/lab.css): magnified too
+    if (!layout.height) layout.height = PROJECTOR_SCALE * (parseFloat(getComputedStyle(el).minHeight) || 450);
+    return { data, layout };
+  }
+  function projector(on) {
+    state.projector = !!on;
+    document.documentElement.classList.toggle("il-projector", state.projector);
+    try { localStorage.setItem("inferlab.projector", state.projector ? "1" : ""); } catch (err) { /* private mode */ }
+    // every chart drawn so far is drawn again at the new scale (the others will be when they come into view)
+    for (const [id, fig] of Object.entries(state.figs)) if (!state.pending[id]) state.pending[id] = fig;
+    flush();
+  }
+
   function draw(id) {
-    const fig = state.pending[id];
+    const given = state.pending[id];
     const el = document.getElementById(id);
-    if (!fig || !el || !window.Plotly) return;
+    if (!given || !el || !window.Plotly) return;
     delete state.pending[id];
+    state.figs[id] = given;  // kept for a redraw at another scale
+    const fig = shown(given, el);
     const t0 = performance.now();
     // the container takes the figure's own height: on a window resize Plotly's responsive mode sizes the chart
     // to its container, and a tall figure (the sampling chain) was squashed to the container's minimum
@@ -320,9 +375,18 @@
   const boot = setInterval(() => {
     if (window.INFERLAB && document.querySelector("." + K().ids.chart_class)) { observeAll(); clearInterval(boot); }
   }, 200);
+  // projector mode stays on across reloads: its checkbox is ticked again once the page has it
+  const projectorBoot = setInterval(() => {
+    const box = document.querySelector("#projector input[type=checkbox]");
+    if (!box) return;
+    clearInterval(projectorBoot);
+    let stored = "";
+    try { stored = localStorage.getItem("inferlab.projector"); } catch (err) { /* private mode */ }
+    if (stored && !box.checked) box.click();
+  }, 300);
 
   // the charts in view drawn afresh (tests; the page itself asks when a chart in view is stale)
   function refresh() { if (!sendView(true)) click(K().ids.refresh); }
 
-  window.inferlab = { render, flush, state, visible, connect, refresh };
+  window.inferlab = { render, flush, state, visible, connect, refresh, projector };
 })();

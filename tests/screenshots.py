@@ -1,6 +1,8 @@
 """The lab after its default flow, at the widths a reader may have, in English and Russian: the flow and the
-text-box check tests/test_e2e_layout.py runs, and, run as a script, the full-page screenshots in
-assets/screenshots/ (lab-800-en.png ... lab-1600-ru.png):
+text-box check tests/test_e2e_layout.py runs, and, run as a script, the curated screenshots in
+assets/screenshots/ (no test writes there: tests keep theirs in e2e_util.TEST_SHOTS): the full page at each
+width and language (lab-800-en.png ... lab-1600-ru.png) and projector mode on a 1280 × 720 screen at 150 %
+(projector-1280x720-*.png):
 
     python tests/screenshots.py            # serves the bundled model itself, Debian's Chromium
 """
@@ -60,7 +62,7 @@ TEXT_BOXES_JS = """(ids) => {
                   cell: [c.left - at.left, c.top - at.top, c.right - at.left, c.bottom - at.top]});
     }
     const s = div._fullLayout._size;  // the plot area, which clips a point's label
-    out[id] = {width: div._fullLayout.width, height: div._fullLayout.height, texts,
+    out[id] = {width: div._fullLayout.width, height: div._fullLayout.height, texts, font: div._fullLayout.font.size,
                plot: [s.l, s.t, s.l + s.w, s.t + s.h]};
   }
   return out;
@@ -85,6 +87,10 @@ STROKES_JS = """(ids) => {
       return alpha * parseFloat((bg && getComputedStyle(bg).fillOpacity) || 1) >= 0.7; };
     const texts = [...div.querySelectorAll(SEL)].filter((el) => !el.closest(".hoverlayer") && el.textContent.trim()
                                                                 && !covered(el));
+    // a trace's line is clipped to the plot area (a shape on paper coordinates is not)
+    const s = div._fullLayout._size, at = svg.getBoundingClientRect();
+    const clipped = (line, x, y) => line.classList.contains("js-line") &&
+      (x < at.left + s.l || x > at.left + s.l + s.w || y < at.top + s.t || y > at.top + s.t + s.h);
     for (const el of texts) {
       const r = el.getBoundingClientRect();
       if (r.width < 5 || r.height < 5) continue;
@@ -94,7 +100,7 @@ STROKES_JS = """(ids) => {
         for (let i = 0; i <= 8 && !hit; i++) for (let j = 0; j <= 2 && !hit; j++) {
           const pt = svg.createSVGPoint();
           pt.x = r.left + 2 + (r.width - 4) * i / 8; pt.y = r.top + 2 + (r.height - 4) * j / 2;
-          hit = line.isPointInStroke(pt.matrixTransform(m));
+          hit = !clipped(line, pt.x, pt.y) && line.isPointInStroke(pt.matrixTransform(m));
         }
         if (hit) { out.push([id, el.textContent.trim().slice(0, 50)]); break; }
       }
@@ -191,8 +197,9 @@ def text_problems(page, ids: list[str] | None = None) -> list[str]:
                     if _quads_overlap(a["quad"], b["quad"], slack=2):
                         problems.append(f"{cid}: tick «{a['text']}» overlaps tick «{b['text']}»")
                     continue
-                # two axes' labels meet at a corner: their boxes are taller than the glyphs
-                slack = 6 if ticks else 2
+                # two axes' labels meet at a corner: their boxes are taller than the glyphs (by as much more as
+                # the type is larger: projector mode)
+                slack = (6 if ticks else 2) * max(1.0, (fig.get("font") or 12) / 12)
                 if min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > slack and \
                         min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > slack:
                     problems.append(f"{cid}: {a['kind']} «{a['text']}» overlaps {b['kind']} «{b['text']}»")
@@ -215,14 +222,47 @@ def _quads_overlap(p: list, q: list, slack: float) -> bool:
 
 def save_screenshot(page, width: int, lang: str) -> Path:
     """A full-page screenshot, its colours reduced to a palette: a 1600 × 12,000 px page stays under ~1.5 MB."""
+    page.evaluate("() => window.scrollTo(0, 0)")
+    return _save(page, SCREENSHOTS / f"lab-{width}-{lang}.png", full_page=True)
+
+
+def _save(page, path: Path, full_page: bool = False) -> Path:
     from PIL import Image
 
-    path = SCREENSHOTS / f"lab-{width}-{lang}.png"
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.evaluate("() => window.scrollTo(0, 0)")
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     Image.open(path).convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
     return path
+
+
+# what projector mode is photographed at: the screen a room's projector shows (the panel's top at the window's)
+PROJECTOR_SHOTS = {"top": None, "lens": "chart-lens", "sampling": "panel-sampling"}
+
+
+def projector_screenshots(b, url: str) -> list[Path]:
+    """Projector mode on a 1280 × 720 screen at 150 % (a laptop on a projector), after a few steps."""
+    page = b.new_page(viewport={"width": 1280, "height": 720}, device_scale_factor=1.5)
+    page.goto(url)
+    page.wait_for_selector(".il-ready", timeout=60000)
+    page.check("#projector input[type=checkbox]")
+    page.wait_for_function("() => document.documentElement.classList.contains('il-projector')")
+    # stepped with the layers panel in view (Alt+S: a click would scroll to Step), so the logit lens has the
+    # prompt's positions too
+    page.evaluate("() => document.getElementById('panel-layers').scrollIntoView({block: 'start'})")
+    for _ in range(4):
+        before = page.evaluate("() => window.inferlab.state.ops.step || 0")
+        page.keyboard.press("Alt+s")
+        page.wait_for_function(f"() => (window.inferlab.state.ops.step || 0) > {before}", timeout=60000)
+    paths = []
+    for name, target in PROJECTOR_SHOTS.items():
+        page.evaluate("id => id ? document.getElementById(id).scrollIntoView({block: 'start'}) : scrollTo(0, 0)",
+                      target)
+        page.wait_for_timeout(1500)  # the charts that came into view are fetched and drawn
+        page.evaluate("() => window.inferlab.flush()")
+        page.wait_for_timeout(800)
+        paths.append(_save(page, SCREENSHOTS / f"projector-1280x720-{name}.png"))
+    page.close()
+    return paths
 
 
 def main() -> None:
@@ -230,7 +270,8 @@ def main() -> None:
     from engine import Engine
     from e2e_util import browser, open_lab, running_server
 
-    with running_server(Engine.from_pretrained("bundled", device="cpu")) as (url, _app), browser() as b:
+    engine = Engine.from_pretrained("bundled", device="cpu")
+    with running_server(engine, kv_memory=512 * 1024 * 1024) as (url, _app), browser() as b:  # as `python -m app`
         page = open_lab(b, url, WIDTHS[0], 1000)
         default_flow(page)
         for lang in LANGS:
@@ -241,6 +282,8 @@ def main() -> None:
                 for problem in text_problems(page):
                     print("  ", problem)
                 print(save_screenshot(page, width, lang))
+        for path in projector_screenshots(b, url):
+            print(path)
 
 
 if __name__ == "__main__":

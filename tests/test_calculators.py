@@ -221,7 +221,8 @@ def test_roofline_chart_equals_formula(payload, presets):
     other = _trace(fig, "decode, batch 1, other dtypes")
     assert other["x"][4] / decode1 == pytest.approx(4.0)
     # the key names them left to right, those at one intensity together (their labels by the points collided)
-    assert other["x"][1] == pytest.approx(other["x"][2]) and other["x"][0] < other["x"][1] < other["x"][3] < other["x"][4]
+    xs = other["x"]
+    assert xs[1] == pytest.approx(xs[2]) and xs[0] < xs[1] < xs[3] < xs[4]
     key = " ".join(re.sub(r"<[^>]+>", "", a["text"]) for a in fig["layout"]["annotations"])
     assert "decode, batch 1, other dtypes: left to right fp32, fp8 = int8, q4 (g32), int4" in key
 
