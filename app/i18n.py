@@ -767,17 +767,6 @@ UI = {
                            "ru": "внимание {n} более новых позиций не сохранено (бюджет захвата)"},
     "attn.lens_freed": {"en": "logit lens of {n} positions not kept (capture budget)",
                         "ru": "логит-линза для {n} позиций не сохранена (бюджет захвата)"},
-    # app/charts/calculators.py
-    "calc_chart.kv_title": {"en": "KV cache per token (left axis) and per sequence of {ctx} tokens (right axis)",
-                            "ru": "KV-кэш на токен (слева) и на посл. из {ctx} ток. (справа)"},
-    "calc_chart.per_token": {"en": "per token", "ru": "на токен"},
-    "calc_chart.per_seq": {"en": "per sequence ({ctx} tokens)", "ru": "на последовательность ({ctx} ток.)"},
-    "calc_chart.kv_hover": {"en": "<b>{model}</b> · {dtype}<br>{tok} per token<br>{seq} per sequence of {ctx} "
-                                  "tokens<br>{batch} for a batch of {b}",
-                            "ru": "<b>{model}</b> · {dtype}<br>{tok} на токен<br>{seq} на последовательность из "
-                                  "{ctx} токенов<br>{batch} на батч из {b}"},
-    "calc_chart.fit_title": {"en": "{model} in {dtype}, {ctx}-token context: how many sequences fit beside the "
-                                   "weights",
     "attn.uncaptured": {"en": "{n} not captured (another sequence in focus, or a busy room capturing tabs in turn)",
                         "ru": "{n} не записаны (в фокусе была другая последовательность или комната занята и "
                               "записывает вкладки по очереди)"},
@@ -806,6 +795,17 @@ UI = {
                                 "вычислялась"},
     "attn.cached_note": {"en": "rows {first}–{last}: from the prefix cache, not computed this time",
                          "ru": "строки {first}–{last}: из префиксного кэша, сейчас не вычислялись"},
+    # app/charts/calculators.py
+    "calc_chart.kv_title": {"en": "KV cache per token (left axis) and per sequence of {ctx} tokens (right axis)",
+                            "ru": "KV-кэш на токен (слева) и на посл. из {ctx} ток. (справа)"},
+    "calc_chart.per_token": {"en": "per token", "ru": "на токен"},
+    "calc_chart.per_seq": {"en": "per sequence ({ctx} tokens)", "ru": "на последовательность ({ctx} ток.)"},
+    "calc_chart.kv_hover": {"en": "<b>{model}</b> · {dtype}<br>{tok} per token<br>{seq} per sequence of {ctx} "
+                                  "tokens<br>{batch} for a batch of {b}",
+                            "ru": "<b>{model}</b> · {dtype}<br>{tok} на токен<br>{seq} на последовательность из "
+                                  "{ctx} токенов<br>{batch} на батч из {b}"},
+    "calc_chart.fit_title": {"en": "{model} in {dtype}, {ctx}-token context: how many sequences fit beside the "
+                                   "weights",
                              "ru": "Сколько поместится: {model}, {dtype}, контекст {ctx}"},
     "calc_chart.gib": {"en": "memory (GiB)", "ru": "память (ГиБ)"},
     "calc_chart.weights": {"en": "weights", "ru": "веса"},
@@ -1405,6 +1405,12 @@ UI = {
     "tokens.implicit": {"en": "special token the tokenizer adds without text",
                         "ru": "служебный токен, который токенизатор добавляет без текста"},
     "tokens.chips_empty": {"en": "No tokens yet", "ru": "Токенов пока нет"},
+    "tokens.chips_more": {"en": "… {k} more tokens (positions {first}–{last})",
+                          "ru": "… ещё токенов: {k} (позиции {first}–{last})"},
+    "tokens.chips_show": {"en": "show", "ru": "показать"},
+    "tokens.chips_hide": {"en": "hide", "ru": "скрыть"},
+    "tokens.template_scroll": {"en": "The prompt as the model reads it ({n} characters): scroll inside this box",
+                               "ru": "Запрос так, как его читает модель ({n} символов): прокрутите внутри этого окна"},
     "tokens.counts": {"en": "{chars} characters · {nbytes} UTF-8 bytes · {tokens} tokens ({prompt} prompt + {gen} "
                             "generated) · {bpt:.2f} bytes per token",
                       "ru": "{chars} символов · {nbytes} байт UTF-8 · {tokens} токенов ({prompt} промпт + {gen} "
@@ -1416,12 +1422,6 @@ UI = {
     "tokens.flag_fallback": {"en": "byte fallback", "ru": "байтовый запасной токен"},
     "tokens.flag_partial": {"en": "partial UTF-8 (an incomplete character)", "ru": "неполный UTF-8 (часть символа)"},
     "tokens.flag_generated": {"en": "generated", "ru": "сгенерирован"},
-    "tokens.chips_more": {"en": "… {k} more tokens (positions {first}–{last})",
-                          "ru": "… ещё токенов: {k} (позиции {first}–{last})"},
-    "tokens.chips_show": {"en": "show", "ru": "показать"},
-    "tokens.chips_hide": {"en": "hide", "ru": "скрыть"},
-    "tokens.template_scroll": {"en": "The prompt as the model reads it ({n} characters): scroll inside this box",
-                               "ru": "Запрос так, как его читает модель ({n} символов): прокрутите внутри этого окна"},
     "tokens.flag_forced": {"en": "generated: forced by the user, not sampled",
                            "ru": "сгенерирован: навязан пользователем, а не выбран розыгрышем"},
     "tokens.forced_count": {"en": "forced: {n} (purple chips)", "ru": "навязано: {n} (фиолетовые фишки)"},
