@@ -106,6 +106,9 @@ def test_the_timeline_shows_each_steps_batch_and_a_preemption(lab):
     page.locator("#panel-timeline").screenshot(path=f"{SHOTS}/timeline-preemption.png")
     # Reset brings the tab back to the shared room
     click_and_wait(page, "#reset")
+    deadline = time.monotonic() + 30  # the page redraws first; the server-side swap may land just after it
+    while _session(app).own_room and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not _session(app).own_room
     page.close()
 

@@ -412,7 +412,7 @@ def test_logits_and_cdf_charts_mark_the_masked_tokens(constrained_events):
         assert (color == lchart.GREY) == (tid in masked and tid != tr.chosen)
         assert tick.startswith("⊘ ") == (tid in masked)
     cdf = schart.sampling_cdf_chart(tr)
-    notes = [a["text"] for a in cdf["layout"]["annotations"]]
+    notes = [a["text"].replace("<br>", " ") for a in cdf["layout"]["annotations"]]  # wrapped to the plot's width
     assert any(n.startswith(f"masked by the grammar, not in the draw: {len(masked)} of the top tokens") for n in notes)
     assert not set(t for t, _ in tr.cdf) & masked  # the draw never had them
 
