@@ -282,26 +282,33 @@ class AttachTarget:
         as the TLS server name that the certificate is checked against."""
         self.addresses = list(addresses)
 
-    def _routes(self, path: str) -> list[tuple[str, dict, dict]]:
-        """(url, headers, extensions) of each way to send a request to `path`, in the order to try them."""
+    def _requests(self, client, method: str, path: str, **kw) -> list:
+        """The requests to try, in order, for one call to `path`: the URL as given, or, pinned, one per checked
+        address (the host's name as the Host header and, over https, as the TLS server name)."""
         if not self.addresses:
-            return [(self.url + path, self.headers, {})]
+            return [client.build_request(method, self.url + path, headers=self.headers, **kw)]
         parts = urlsplit(self.url)
         port = f":{parts.port}" if parts.port else ""
         tls = {"sni_hostname": parts.hostname} if parts.scheme == "https" else {}
-        return [(f"{parts.scheme}://{f'[{a}]' if a.version == 6 else a}{port}{parts.path}{path}",
-                 {**self.headers, "Host": parts.netloc}, tls) for a in self.addresses]
+        return [client.build_request(method, f"{parts.scheme}://{f'[{a}]' if a.version == 6 else a}{port}"
+                                             f"{parts.path}{path}",
+                                     headers={**self.headers, "Host": parts.netloc}, extensions=tls, **kw)
+                for a in self.addresses]
+
+    def _client_options(self, timeout) -> dict:
+        # no redirects (an allowed server must not send the lab's requests elsewhere); a pinned target ignores the
+        # environment's proxies (a proxy would reach the name, not the judged address)
+        return dict(timeout=timeout, follow_redirects=False, trust_env=not self.addresses)
 
     @contextmanager
     def open(self, method: str, path: str, timeout, **kw):
-        """A streamed response to one request (redirects never followed); with a pin, each checked address is
-        tried in turn until one accepts the connection, as a resolver's list would be."""
-        with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=not self.addresses) as client:
+        """A streamed response to one request; with a pin, each checked address is tried in turn until one
+        accepts the connection, as a resolver's list would be."""
+        with httpx.Client(**self._client_options(timeout)) as client:
             failed = None
-            for url, headers, ext in self._routes(path):
+            for request in self._requests(client, method, path, **kw):
                 try:
-                    r = client.send(client.build_request(method, url, headers=headers, extensions=ext, **kw),
-                                    stream=True)
+                    r = client.send(request, stream=True)
                     break
                 except httpx.ConnectError as exc:
                     failed = exc
@@ -321,12 +328,11 @@ class AttachTarget:
     @asynccontextmanager
     async def aopen(self, method: str, path: str, timeout, **kw):
         """`open` for the event loop."""
-        async with httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=not self.addresses) as client:
+        async with httpx.AsyncClient(**self._client_options(timeout)) as client:
             failed = None
-            for url, headers, ext in self._routes(path):
+            for request in self._requests(client, method, path, **kw):
                 try:
-                    r = await client.send(client.build_request(method, url, headers=headers, extensions=ext, **kw),
-                                          stream=True)
+                    r = await client.send(request, stream=True)
                     break
                 except httpx.ConnectError as exc:
                     failed = exc

@@ -292,11 +292,13 @@ def test_a_pinned_https_target_keeps_its_name_for_tls():
 
     target = AttachTarget("https://models.example:8443/base", "KEY")
     target.pin([ipaddress.ip_address("10.1.2.3"), ipaddress.ip_address("fd00::7")])
-    routes = target._routes("/v1/models")
-    assert [r[0] for r in routes] == ["https://10.1.2.3:8443/base/v1/models", "https://[fd00::7]:8443/base/v1/models"]
-    for _, headers, extensions in routes:
-        assert headers == {"Authorization": "Bearer KEY", "Host": "models.example:8443"}
-        assert extensions == {"sni_hostname": "models.example"}
+    with httpx.Client() as client:
+        requests = target._requests(client, "GET", "/v1/models")
+    assert [str(r.url) for r in requests] == ["https://10.1.2.3:8443/base/v1/models",
+                                              "https://[fd00::7]:8443/base/v1/models"]
+    for r in requests:
+        assert r.headers["authorization"] == "Bearer KEY" and r.headers["host"] == "models.example:8443"
+        assert r.extensions["sni_hostname"] == "models.example"
 
 
 # ---- every socket against generated messages -----------------------------------------------------------------
